@@ -1,0 +1,10 @@
+"""lamixer: a compiler for linear-attention token mixers.
+
+    mixer = lamixer.load("gla")
+    o, final_state = mixer(q, k, v, g, output_final_state=True)
+"""
+from .errors import ArgumentError, LamixerError, SpecError
+from .mixer import Mixer, load, loads, shipped_specs
+
+__all__ = ["ArgumentError", "LamixerError", "Mixer", "SpecError", "load", "loads", "shipped_specs"]
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Backends: `interpret` (the token-by-token oracle), `torch` (chunkwise PyTorch)."""

@@ -1,0 +1,243 @@
+"""Chunkwise PyTorch, generated from the classification (never from a mixer's name).
+
+Per-token work is evaluated on whole [B, T, H, *dims] tensors; each state is one chunked scan of
+S_t = D_t S_{t-1} + a_t (b_t + S'^T c_t)^T with the decay D_t along the key dim (scalar decay is
+its one-column case) or along the value dim. Within a chunk, with B_t the cumulative log decay:
+  additive  U = b
+  delta     (I - tril(M, -1)) U = b + (c e^B) S_0,  M_ij = sum_k c_ik a_jk e^(B_ik - B_jk)
+  reads     o_i = (q_i e^(Bq_i)) S_0 + sum_j sum_k q_ik a_jk e^(Bq_ik - B_jk) U_j   (j <= i, or j < i)
+  state     S_C = e^(B_C) S_0 + (a e^(B_C - B))^T U
+Every exponent is a difference of cumulative log decays at ordered positions, so it never
+overflows for decays <= 1. Differentiable by autograd.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from ..call import Call
+from ..compiler import Compiled
+from ..passes.classify import Scan
+
+
+def _pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """[B, H, T, D] -> [B, H, N, C, D], zero-padded at the end (a zero token leaves a state unchanged)."""
+    T = x.shape[2]
+    N = -(-T // C)
+    x = F.pad(x, (0, 0, 0, N * C - T))
+    return x.reshape(*x.shape[:2], N, C, x.shape[-1])
+
+
+def _masked_exp(diff: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.exp(torch.where(mask, diff, torch.full_like(diff, float("-inf"))))
+
+
+def _pair_key(x, Bx, a, Ba, mask) -> torch.Tensor:
+    """sum_k x_ik a_jk exp(Bx_ik - Ba_jk) over masked (i, j): [.., C, C]; B has 1 (scalar) or K columns."""
+    if Bx.shape[-1] == 1:
+        return (x @ a.transpose(-1, -2)) * _masked_exp(Bx - Ba.transpose(-1, -2), mask)
+    w = _masked_exp(Bx.unsqueeze(-2) - Ba.unsqueeze(-3), mask.unsqueeze(-1))  # [.., C, C, K]
+    return torch.einsum("...ik,...jk,...ijk->...ij", x, a, w)
+
+
+def chunk_scan(a, b, c, gk, gv, reads, h0, C):
+    """One state's scan over [B, H, T, *] tensors; returns ([o per read, [B, H, T, V]], final state [B, H, K, V]).
+
+    a, c: [B, H, T, K] write and erase keys (c None: additive); b: [B, H, T, V];
+    gk: [B, H, T, 1 or K] log decay on the key side, or gv: [B, H, T, V] on the value side;
+    reads: [(q [B, H, T, K], decayed, written)]; h0: [B, H, K, V].
+    """
+    T = a.shape[2]
+    dev, dt = a.device, a.dtype
+    ar = torch.arange(C, device=dev)
+    incl, strict = ar[:, None] >= ar[None, :], ar[:, None] > ar[None, :]
+    a, b = _pad_chunks(a, C), _pad_chunks(b, C)
+    qs = [(_pad_chunks(q, C), dec, wr) for q, dec, wr in reads]
+    if gv is None:
+        g = _pad_chunks(gk if gk is not None else a.new_zeros(*h0.shape[:2], T, 1), C)
+        Bc = g.cumsum(-2)  # [B, H, N, C, 1 or K]
+        last = Bc[..., -1:, :]  # [B, H, N, 1, 1 or K]
+        a_end = a * torch.exp(last - Bc)  # write keys as seen at the chunk's end
+        q_side = []
+        for q, dec, wr in qs:
+            Bq = Bc if dec else Bc - g
+            q_side.append((q * torch.exp(Bq), _pair_key(q, Bq, a, Bc, incl if wr else strict)))
+        if c is not None:
+            c = _pad_chunks(c, C)
+            M = _pair_key(c, Bc, a, Bc, strict)
+            L = torch.eye(C, dtype=dt, device=dev) - M
+            rhs = torch.cat([b, c * torch.exp(Bc)], -1)
+            sol = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
+            U0, W = sol[..., : b.shape[-1]], sol[..., b.shape[-1] :]  # U = U0 + W S_0
+        S, outs = h0, [[] for _ in qs]
+        for n in range(a.shape[2]):
+            U = b[:, :, n] if c is None else U0[:, :, n] + W[:, :, n] @ S
+            for out, (qe, A) in zip(outs, q_side):
+                out.append(qe[:, :, n] @ S + A[:, :, n] @ U)
+            S = torch.exp(last[:, :, n]).transpose(-1, -2) * S + a_end[:, :, n].transpose(-1, -2) @ U
+    else:
+        g = _pad_chunks(gv, C)
+        Bc = g.cumsum(-2)  # [B, H, N, C, V]
+        last = Bc[..., -1:, :]
+        b_end = b * torch.exp(last - Bc)
+        q_side = []
+        for q, dec, wr in qs:
+            Bq = Bc if dec else Bc - g
+            P = q @ a.transpose(-1, -2)  # [.., C, C]
+            w = _masked_exp(Bq.unsqueeze(-2) - Bc.unsqueeze(-3), (incl if wr else strict).unsqueeze(-1))  # [.., C, C, V]
+            q_side.append((q, torch.exp(Bq), torch.einsum("...ij,...ijv,...jv->...iv", P, w, b)))
+        S, outs = h0, [[] for _ in qs]
+        for n in range(a.shape[2]):
+            for out, (q, eq, intra) in zip(outs, q_side):
+                out.append((q[:, :, n] @ S) * eq[:, :, n] + intra[:, :, n])
+            S = S * torch.exp(last[:, :, n]) + a[:, :, n].transpose(-1, -2) @ b_end[:, :, n]
+    return [torch.cat(o, 2)[:, :, :T] for o in outs], S
+
+
+def block_attention(q, k, v, scale, size: int) -> torch.Tensor:
+    """Causal softmax attention within blocks of `size` tokens: [B, T, H, D] -> [B, T, H, Dv]."""
+    B, T, H, _ = q.shape
+    nb = -(-T // size)
+
+    def blocks(x):
+        x = F.pad(x, (0, 0, 0, 0, 0, nb * size - T))
+        return x.reshape(B, nb, size, H, x.shape[-1]).permute(0, 3, 1, 2, 4)  # B H nb s D
+
+    qb, kb, vb = blocks(q), blocks(k), blocks(v)
+    scores = (qb @ kb.transpose(-1, -2)) * scale.reshape(-1, 1, 1, 1, 1) if scale.dim() else (qb @ kb.transpose(-1, -2)) * scale
+    causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    out = torch.softmax(scores, -1) @ vb  # B H nb s Dv
+    return out.permute(0, 2, 3, 1, 4).reshape(B, nb * size, H, -1)[:, :T]
+
+
+class _Evaluator:
+    """Vectorised evaluation of the plan over [B, T, H, *dims] tensors.
+
+    Packed sequences (cu_seqlens) share the per-token work; only the scans, block attention and
+    batch-grouped statistics see the sequence boundaries.
+    """
+
+    def __init__(self, compiled: Compiled, call: Call):
+        self.c, self.call, self.g = compiled, call, compiled.graph
+        self.env: dict[int, torch.Tensor] = {}
+        self.finals: dict[str, torch.Tensor] = {}
+        self.B, self.T = call.batch, call.length
+        cu = call.cu_seqlens
+        self.segments = None if cu is None else list(zip(cu[:-1].tolist(), cu[1:].tolist()))
+
+    def per_segment(self, fn, *xs: torch.Tensor, axis: int) -> list:
+        """fn applied to each sequence's slice along the time axis (the whole when not packed)."""
+        if self.segments is None:
+            return [fn(*xs)]
+        return [fn(*(x.narrow(axis, a, e - a) for x in xs)) for a, e in self.segments]
+
+    def full(self, n: int) -> torch.Tensor:
+        """Node n's value expanded to [B, T, H, *dims]."""
+        sizes = [self.call.sizes[d] for d in self.g.dims_of(n)]
+        return self.env[n].expand(self.B, self.T, self.call.heads, *sizes)
+
+    def leaf(self, n: int) -> torch.Tensor:
+        d, call = self.g.node(n), self.call
+        dt, dev = call.compute_dtype, call.device
+        op = d["op"]
+        if op == "input":
+            return call.inputs[d["name"]]
+        if op == "param":
+            p = call.inputs[d["name"]]
+            return p.reshape(1, 1, *p.shape) if d["per_head"] else p.reshape(1, 1, 1, *p.shape)
+        if op == "head":
+            return torch.arange(call.heads, dtype=dt, device=dev).reshape(1, 1, -1)
+        value = {"const": lambda: d["value"], "dim": lambda: call.sizes[d["name"]], "scale": lambda: call.scale}[op]()
+        return torch.tensor(float(value), dtype=dt, device=dev).reshape(1, 1, 1)
+
+    def run(self) -> None:
+        g, plan = self.g, self.c.plan
+        for n in plan.order:
+            op = g.op(n)
+            if n in plan.read_scan:
+                if plan.read_scan[n] not in self.finals:
+                    self.scan(self.c.classification.scan(plan.read_scan[n]))
+            elif op in ("input", "param", "const", "dim", "head", "scale"):
+                self.env[n] = self.leaf(n)
+            elif op == "stat":
+                self.env[n] = self.stat(n)
+            elif op == "block_attention":
+                self.env[n] = self.block_attention(n)
+            else:
+                args = g.args(n)
+                self.env[n] = ops.apply(g.node(n), [self.env[a] for a in args], [g.dims_of(a) for a in args])
+        for scan in self.c.classification.scans:
+            if scan.state not in self.finals:
+                self.scan(scan)
+
+    def stat(self, n: int) -> torch.Tensor:
+        node = self.g.node(n)
+        x = self.full(self.g.args(n)[0])
+        if self.segments is not None and "batch" in node["groups"]:  # each packed sequence is a batch row
+            vals = self.per_segment(lambda xs: ops.stat(node["fn"], xs, node["groups"]).unsqueeze(1).expand(-1, xs.shape[1], -1), x, axis=1)
+            return torch.cat(vals, 1)  # [1, T, H|1]: every token sees its sequence's value
+        return ops.stat(node["fn"], x, node["groups"]).unsqueeze(1)  # [B|1, 1, H|1]
+
+    def block_attention(self, n: int) -> torch.Tensor:
+        q, k, v, scale = self.g.args(n)
+        size = self.g.node(n)["size"]
+        size = size if isinstance(size, int) else self.call.sizes[size]
+        s = self.env[scale].reshape(())
+        return torch.cat(self.per_segment(lambda *x: block_attention(*x, s, size), self.full(q), self.full(k), self.full(v), axis=1), 1)
+
+    def bhtd(self, n: int | None, dim: str | None) -> torch.Tensor | None:
+        """A scan operand as [B, H, T, D]: a vector over `dim`, or a scalar as one column."""
+        if n is None:
+            return None
+        x = self.env[n]
+        if not self.g.dims_of(n):
+            return x.unsqueeze(-1).expand(self.B, self.T, self.call.heads, 1).transpose(1, 2)
+        return x.expand(self.B, self.T, self.call.heads, self.call.sizes[dim]).transpose(1, 2)
+
+    def scan(self, s: Scan) -> None:
+        sizes = self.call.sizes
+        K = sizes[s.key_dim]
+        a = self.bhtd(s.write_key, s.key_dim).expand(-1, -1, -1, K)
+        if s.value_dim is None:
+            b = a.new_ones(*a.shape[:3], 1)
+        else:
+            b = self.bhtd(s.write_value, s.value_dim).expand(-1, -1, -1, sizes[s.value_dim])
+        c = self.bhtd(s.erase_key, s.key_dim)
+        c = c.expand_as(a) if c is not None else a.new_zeros(0)
+        gk = gv = None
+        if s.decay == "value":
+            gv = self.bhtd(s.log_decay, s.value_dim)
+        else:
+            gk = self.bhtd(s.log_decay, s.key_dim) if s.log_decay is not None else a.new_zeros(*a.shape[:3], 1)
+        g_ = gk if gk is not None else gv
+        qs = [self.bhtd(r.query, s.key_dim).expand_as(a) for r in s.reads]
+        h0 = self.call.initial_state[s.state]
+        h0 = h0.unsqueeze(-1) if s.value_dim is None else h0
+        modes = [(r.decayed, r.written) for r in s.reads]
+        chunk = self.c.plan.chunk[s.state]
+        key_side = gv is None
+        delta = s.erase_key is not None
+
+        def one(h, a, b, c, g, *q):
+            reads = [(x, dec, wr) for x, (dec, wr) in zip(q, modes)]
+            return chunk_scan(a, b, c if delta else None, g if key_side else None, None if key_side else g, reads, h, chunk)
+
+        if self.segments is None:
+            results = [one(h0, a, b, c, g_, *qs)]
+        else:
+            results = [one(h0[i : i + 1], *(x.narrow(2, st, e - st) for x in (a, b, c if delta else a, g_, *qs)))
+                       for i, (st, e) in enumerate(self.segments)]  # fmt: skip
+        for i, r in enumerate(s.reads):
+            o = torch.cat([res[0][i] for res in results], 2).transpose(1, 2)  # [B, T, H, V]
+            self.env[r.node] = o.squeeze(-1) if s.value_dim is None else o
+        S = torch.cat([res[1] for res in results], 0)
+        self.finals[s.state] = S.squeeze(-1) if s.value_dim is None else S
+
+
+def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """o [B, T, H, V] and the final states [N, H, *dims], in the compute dtype."""
+    ev = _Evaluator(compiled, call)
+    ev.run()
+    return ev.env[compiled.graph.output], [ev.finals[n] for n in compiled.graph.states]

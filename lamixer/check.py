@@ -1,0 +1,101 @@
+"""Checking a backend against the interpreter on random inputs: outputs, final states, all gradients."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .mixer import Mixer
+
+GATE_SHIFT = {"weak": 4.0, "normal": 0.0, "strong": -3.0}
+
+
+def rel_rms(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref||, in float64 (inf when shapes differ or x is not finite)."""
+    if x is None or ref is None:
+        return 0.0 if x is None and ref is None else math.inf
+    if x.shape != ref.shape:
+        return math.inf
+    x, ref = x.double(), ref.double()
+    if not torch.isfinite(x).all():
+        return math.inf
+    den = ref.norm().item()
+    num = (x - ref).norm().item()
+    return num / den if den > 0 else num
+
+
+def sample(domain: tuple[float, float], shape, gate: str, gen: torch.Generator, dtype) -> torch.Tensor:
+    """Random values inside an input's declared domain; `gate` sets how far half-bounded ones sit from their bound."""
+    lo, hi = domain
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    shift = GATE_SHIFT[gate]
+    if math.isinf(lo) and math.isinf(hi):
+        out = x
+    elif math.isinf(lo):
+        out = hi - F.softplus(-(x + shift))  # log-sigmoid shaped: near hi for weak gates
+    elif math.isinf(hi):
+        out = lo + F.softplus(x - shift)
+    else:
+        out = lo + (hi - lo) * torch.sigmoid(x)
+    return out.to(dtype)
+
+
+def random_call(mixer: Mixer, B: int = 2, T: int = 37, H: int = 2, size: int = 8, gate: str = "normal", seed: int = 0,
+                dtype=torch.float64, initial_state: bool = True, cu_seqlens: list[int] | None = None, device="cpu"):  # fmt: skip
+    """Random tensors (by name) and initial states for a mixer; every declared dim gets `size` unless it differs per dim."""
+    g = mixer.compiled.graph
+    gen = torch.Generator().manual_seed(seed)
+    sizes = {d: size + i for i, d in enumerate(g.dims)}  # distinct sizes catch transposed dims
+    if cu_seqlens is not None:
+        B, T = 1, cu_seqlens[-1]
+    tensors = {}
+    for op in g.operands:
+        feat = [sizes[d] for d in op.dims]
+        shape = [B, T, H, *feat] if op.kind == "input" else ([H] if op.per_head else []) + feat
+        scale = 1.0 if op.kind == "input" else 0.5
+        tensors[op.name] = (sample(op.domain, shape, gate, gen, torch.float64) * scale).to(dtype=dtype, device=device)
+    states = None
+    if initial_state:
+        N = B if cu_seqlens is None else len(cu_seqlens) - 1
+        states = tuple(torch.randn(N, H, *[sizes[d] for d in s.dims], generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+                       for s in g.states.values())  # fmt: skip
+    return tensors, states
+
+
+@dataclass
+class Comparison:
+    errors: dict[str, float]  # "o", "state S", "d q", ... -> relative RMS error
+
+    @property
+    def worst(self) -> float:
+        return max(self.errors.values())
+
+
+def _forward_backward(mixer: Mixer, tensors, states, backend: str, cu, scale, gen_seed: int):
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
+    h0 = tuple(s.detach().clone().requires_grad_() for s in states) if states is not None else None
+    o, finals = mixer(**leaves, initial_state=(h0[0] if h0 and len(h0) == 1 else h0), output_final_state=True,
+                      cu_seqlens=cu, backend=backend, scale=scale)  # fmt: skip
+    finals = finals if isinstance(finals, tuple) else (finals,)
+    gen = torch.Generator().manual_seed(gen_seed)
+    loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+    for f in finals:
+        loss = loss + (f.double() * torch.randn(f.shape, generator=gen, dtype=torch.float64).to(f.device)).sum()
+    grads = torch.autograd.grad(loss, list(leaves.values()) + list(h0 or ()), allow_unused=True)
+    return o, finals, dict(zip(list(leaves) + [f"h0 {n}" for n in mixer.states][: len(h0 or ())], grads))
+
+
+def compare(mixer: Mixer, backend: str, tensors, states, cu_seqlens=None, scale=None, seed: int = 0) -> Comparison:
+    """Relative RMS errors of `backend` against the interpreter: output, final states, every gradient."""
+    cu = torch.tensor(cu_seqlens, dtype=torch.int64) if cu_seqlens is not None else None
+    ref = _forward_backward(mixer, tensors, states, "interpret", cu, scale, seed)
+    got = _forward_backward(mixer, tensors, states, backend, cu.to(next(iter(tensors.values())).device) if cu is not None else None,
+                            scale, seed)  # fmt: skip
+    errors = {"o": rel_rms(got[0], ref[0])}
+    for name, a, b in zip(mixer.states, got[1], ref[1]):
+        errors[f"state {name}"] = rel_rms(a, b)
+    for name in ref[2]:
+        errors[f"d{name}" if not name.startswith("h0") else f"d{name}"] = rel_rms(got[2][name], ref[2][name])
+    return Comparison(errors)

@@ -1,0 +1,50 @@
+"""The front half of the pipeline: spec text -> parsed, lowered, verified, classified, planned IR."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from . import ir
+from .errors import SpecError
+from .lower import lower
+from .parser import parse
+from .passes.classify import Classification, classify
+from .passes.plan import KernelPlan, make_plan
+from .passes.rewrite import distribute_reads
+from .passes.verify import verify
+
+
+@dataclass
+class Compiled:
+    graph: ir.Graph
+    classification: Classification
+    plan: KernelPlan
+    source: str
+    filename: str
+
+    @property
+    def name(self) -> str:
+        return self.graph.name
+
+    @property
+    def source_hash(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+
+def compile_spec(source: str, filename: str = "<spec>") -> Compiled:
+    """Run the front end and every pass; a user mistake raises a SpecError naming file:line:column."""
+    spec = parse(source, filename)
+    try:
+        graph = lower(spec)
+        verify(graph)
+        distribute_reads(graph)
+        verify(graph)
+        cls = classify(graph)
+        graph.prune(tuple(n for s in cls.scans for n in s.inputs()))
+        verify(graph)
+        plan = make_plan(graph, cls)
+    except SpecError as e:
+        raise e.located(source, filename) from None
+    except RecursionError:
+        raise SpecError("the spec nests expressions too deeply", None, source, filename) from None
+    return Compiled(graph, cls, plan, source, filename)

@@ -1,0 +1,50 @@
+"""Every mistake a user can make raises a subclass of LamixerError, located in the spec or the call."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class LamixerError(Exception):
+    """Base class of every error lamixer raises for bad user input."""
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A position in a spec file (1-based line and column)."""
+
+    line: int
+    col: int
+
+
+class SpecError(LamixerError):
+    """A mistake in a spec: the message names file:line:column and shows the line with a caret."""
+
+    def __init__(self, message: str, loc: Loc | None = None, source: str = "", filename: str = "<spec>"):
+        self.message = message
+        self.loc = loc
+        self.source = source
+        self.filename = filename
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        if self.loc is None:
+            return f"{self.filename}: {self.message}"
+        head = f"{self.filename}:{self.loc.line}:{self.loc.col}: {self.message}"
+        lines = self.source.splitlines()
+        if not 1 <= self.loc.line <= len(lines):
+            return head
+        text = lines[self.loc.line - 1].expandtabs(1)
+        caret = " " * (max(self.loc.col, 1) - 1) + "^"
+        return f"{head}\n    {text}\n    {caret}"
+
+    def located(self, source: str, filename: str) -> SpecError:
+        """The same error, attached to the text it was found in."""
+        return SpecError(self.message, self.loc, source, filename)
+
+
+class ArgumentError(LamixerError):
+    """A bad argument in a call: the message names the argument."""
+
+    def __init__(self, argument: str, message: str):
+        self.argument = argument
+        super().__init__(f"argument '{argument}': {message}")

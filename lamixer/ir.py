@@ -1,0 +1,137 @@
+"""The IR: a networkx DiGraph of typed per-token, per-head operations.
+
+Every node has an `op`, ordered operands `args` (mirrored by edges arg -> node, so graph
+algorithms see the dataflow), named feature dims `dims` (batch, time and head are implicit) and
+the source `loc` it came from. States are SSA: `state_in` is the state before the token, each
+assignment makes a new version, `state_out` marks the version after the token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from .errors import Loc
+
+# Elementwise functions of one argument (the meaning of each lives in lamixer/ops.py).
+UNARY = ("exp", "log", "sigmoid", "logsigmoid", "softplus", "silu", "elu", "relu", "tanh", "sqrt", "abs")
+# Elementwise functions of two arguments, broadcasting by dim name.
+BINARY = ("add", "sub", "mul", "div", "pow", "max", "min")
+# Reductions of a per-token value over all its feature dims to a scalar.
+REDUCE = ("sum", "mean", "max", "min")
+# Normalizers of a per-token vector over its one dim.
+NORMALIZE = ("l2norm", "softmax")
+# Whole-input statistics (stop-gradient), reduced over time, feature dims and the ungrouped of batch/head.
+STAT = ("mean", "std", "var", "max", "min")
+STAT_GROUPS = ("batch", "head")
+
+LEAF_OPS = ("input", "param", "const", "dim", "head", "scale", "state_in")
+OPS = LEAF_OPS + (
+    "unary", "binary", "reduce", "normalize", "dot", "outer", "matmul", "stat", "block_attention",
+    "output", "state_out",
+)  # fmt: skip
+HEAD_DIM = "H"
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A declared input or parameter of the mixer, in call order."""
+
+    name: str
+    kind: str  # "input" (per token) or "param" (per head when per_head)
+    dims: tuple[str, ...]
+    per_head: bool
+    domain: tuple[float, float]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class StateInfo:
+    name: str
+    dims: tuple[str, ...]
+    loc: Loc
+
+
+@dataclass
+class Graph:
+    """The mixer's IR: the dataflow graph plus its declarations."""
+
+    name: str
+    title: str
+    g: nx.DiGraph = field(default_factory=nx.DiGraph)
+    dims: dict[str, int | None] = field(default_factory=dict)  # declared dims -> default size
+    operands: list[Operand] = field(default_factory=list)
+    states: dict[str, StateInfo] = field(default_factory=dict)
+    state_in: dict[str, int] = field(default_factory=dict)
+    state_out: dict[str, int] = field(default_factory=dict)
+    output: int | None = None
+    output_name: str = "o"
+    scale_default: int | None = None  # a node of constants and dims, or None for K ** -0.5
+    uses_scale: bool = False
+    source: str = ""
+    filename: str = "<spec>"
+    _next: int = 0
+
+    def add(self, op: str, args: tuple[int, ...] = (), dims: tuple[str, ...] = (), loc: Loc | None = None, **attrs) -> int:
+        n = self._next
+        self._next += 1
+        self.g.add_node(n, op=op, args=tuple(args), dims=tuple(dims), loc=loc or Loc(1, 1), **attrs)
+        for pos, a in enumerate(args):
+            self.g.add_edge(a, n, pos=pos)
+        return n
+
+    def node(self, n: int) -> dict:
+        return self.g.nodes[n]
+
+    def op(self, n: int) -> str:
+        return self.g.nodes[n]["op"]
+
+    def args(self, n: int) -> tuple[int, ...]:
+        return self.g.nodes[n]["args"]
+
+    def dims_of(self, n: int) -> tuple[str, ...]:
+        return self.g.nodes[n]["dims"]
+
+    def is_fn(self, n: int, op: str, fn: str | None = None) -> bool:
+        d = self.g.nodes[n]
+        return d["op"] == op and (fn is None or d.get("fn") == fn)
+
+    def replace_args(self, n: int, args: tuple[int, ...]) -> None:
+        for a in set(self.args(n)):
+            self.g.remove_edge(a, n)
+        self.g.nodes[n]["args"] = tuple(args)
+        for pos, a in enumerate(args):
+            self.g.add_edge(a, n, pos=pos)
+
+    def roots(self) -> list[int]:
+        """The nodes every result hangs from: the output, each state's final version, the default scale."""
+        extra = [self.scale_default] if self.scale_default is not None else []
+        return [n for n in (self.output, *self.state_out.values(), *extra) if n is not None]
+
+    def prune(self, extra_roots: tuple[int, ...] = ()) -> None:
+        """Drop nodes nothing needed depends on (state_in nodes stay: they are the declarations)."""
+        roots = set(self.roots()) | set(extra_roots)
+        keep = roots | set(self.state_in.values())
+        for r in roots:
+            keep |= nx.ancestors(self.g, r)
+        self.g.remove_nodes_from([n for n in list(self.g.nodes) if n not in keep])
+
+    def order(self) -> list[int]:
+        """A deterministic topological order."""
+        return list(nx.lexicographical_topological_sort(self.g))
+
+    def depends_on(self, n: int, sources: set[int]) -> bool:
+        return n in sources or bool(nx.ancestors(self.g, n) & sources)
+
+    def label(self, n: int) -> str:
+        d = self.g.nodes[n]
+        op = d["op"]
+        if op in ("input", "param", "dim", "state_in", "state_out"):
+            text = f"{op} {d['name']}"
+        elif op == "const":
+            text = f"{d['value']:g}"
+        elif op in ("unary", "binary", "reduce", "normalize", "stat"):
+            text = f"{op}.{d['fn']}" if op != "binary" else d["fn"]
+        else:
+            text = op
+        return text + (f" [{', '.join(d['dims'])}]" if d["dims"] else "")

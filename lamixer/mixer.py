@@ -1,0 +1,102 @@
+"""The public Python API: load a spec, call the mixer."""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .call import BACKENDS, bind
+from .compiler import Compiled, compile_spec
+from .errors import ArgumentError
+
+SPEC_SUFFIX = ".lam"
+
+
+def shipped_specs() -> list[str]:
+    """Names of the specs in the shipped library."""
+    root = resources.files("lamixer").joinpath("specs")
+    return sorted(p.name[: -len(SPEC_SUFFIX)] for p in root.iterdir() if p.name.endswith(SPEC_SUFFIX))
+
+
+def shipped_source(name: str) -> str:
+    return resources.files("lamixer").joinpath("specs", name + SPEC_SUFFIX).read_text()
+
+
+class Mixer:
+    """A compiled token mixer; call it on tensors laid out as [B, T, H, D]."""
+
+    def __init__(self, compiled: Compiled):
+        self.compiled = compiled
+
+    @property
+    def name(self) -> str:
+        return self.compiled.name
+
+    @property
+    def title(self) -> str:
+        return self.compiled.graph.title
+
+    @property
+    def inputs(self) -> list[str]:
+        """Tensor arguments in call order (per-token inputs and params as declared)."""
+        return [op.name for op in self.compiled.graph.operands]
+
+    @property
+    def states(self) -> list[str]:
+        return list(self.compiled.graph.states)
+
+    def __repr__(self) -> str:
+        return f"Mixer({self.name!r}: {', '.join(self.inputs)} -> {self.compiled.graph.output_name}; states {', '.join(self.states)})"
+
+    def __call__(self, *tensors, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
+                 backend: str = "auto", **named):  # fmt: skip
+        """o, final_state = mixer(q, k, v, ...). final_state is None unless output_final_state; a tuple for several states."""
+        if backend not in BACKENDS:
+            raise ArgumentError("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        if not isinstance(output_final_state, bool):
+            raise ArgumentError("output_final_state", f"must be True or False, got {output_final_state!r}")
+        if backend == "auto":
+            backend = "torch"
+        if backend == "triton":
+            raise ArgumentError("backend", "the triton backend is not available for this spec; use 'torch' or 'interpret'")
+        compute = torch.float64 if backend == "interpret" else None
+        call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
+        if backend == "interpret":
+            from .backends import interpret as impl
+        else:
+            from .backends import torch as impl
+        o, finals = impl.run(self.compiled, call)
+        o = o.to(call.out_dtype)
+        if not output_final_state:
+            return o, None
+        finals = [f.to(call.state_dtype) for f in finals]
+        return o, finals[0] if len(finals) == 1 else tuple(finals)
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_cached(source: str, filename: str) -> Compiled:
+    return compile_spec(source, filename)
+
+
+def loads(source: str, filename: str = "<spec>") -> Mixer:
+    """A mixer from spec text."""
+    return Mixer(_compile_cached(source, filename))
+
+
+def load(spec: str | Path) -> Mixer:
+    """A mixer from a shipped spec name (e.g. "gla") or a path to a spec file."""
+    if not isinstance(spec, (str, Path)):
+        raise ArgumentError("spec", f"must be a shipped spec name or a path, got {type(spec).__name__}")
+    name = str(spec)
+    if name in shipped_specs():
+        return loads(shipped_source(name), f"{name}{SPEC_SUFFIX}")
+    path = Path(name)
+    if not path.is_file():
+        raise ArgumentError("spec", f"{name!r} is neither a shipped spec ({', '.join(shipped_specs())}) nor a file")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArgumentError("spec", f"cannot read {name!r}: {e}") from None
+    return loads(text, str(path))

@@ -1,0 +1,184 @@
+"""Spec text -> located AST, through the lark grammar in grammar/lamixer.lark."""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import lark
+from lark import Token, Transformer, v_args
+
+from . import syntax as S
+from .errors import Loc, SpecError
+
+MAX_SOURCE_CHARS = 100_000
+
+
+@functools.cache
+def _parser() -> lark.Lark:
+    grammar = resources.files("lamixer").joinpath("grammar/lamixer.lark").read_text()
+    return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def _loc(item) -> Loc:
+    if isinstance(item, Token):
+        return Loc(item.line or 1, item.column or 1)
+    meta = getattr(item, "meta", None)
+    if meta is not None and not meta.empty:
+        return Loc(meta.line, meta.column)
+    return Loc(1, 1)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Builds syntax dataclasses; every node keeps the line:column where it starts."""
+
+    # -- expressions --
+    def number(self, meta, c):
+        return S.Num(float(c[0]), _loc(c[0]))
+
+    def name(self, meta, c):
+        return S.Name(str(c[0]), _loc(c[0]))
+
+    def _binary(self, op, meta, c):
+        return S.BinOp(op, c[0], c[1], Loc(meta.line, meta.column))
+
+    def add(self, meta, c):
+        return self._binary("add", meta, c)
+
+    def sub(self, meta, c):
+        return self._binary("sub", meta, c)
+
+    def mul(self, meta, c):
+        return self._binary("mul", meta, c)
+
+    def div(self, meta, c):
+        return self._binary("div", meta, c)
+
+    def matmul(self, meta, c):
+        return self._binary("matmul", meta, c)
+
+    def pow(self, meta, c):
+        return self._binary("pow", meta, c)
+
+    def neg(self, meta, c):
+        return S.Neg(c[0], Loc(meta.line, meta.column))
+
+    def kwarg(self, meta, c):
+        return ("kw", str(c[0]), c[1], _loc(c[0]))
+
+    def call(self, meta, c):
+        args, kwargs = [], []
+        for a in c[1:]:
+            if a is None:
+                continue
+            if isinstance(a, tuple) and a and a[0] == "kw":
+                kwargs.append(a[1:])
+            else:
+                if kwargs:
+                    raise SpecError("positional argument after a keyword argument", a.loc)
+                args.append(a)
+        return S.Call(str(c[0]), tuple(args), tuple(kwargs), _loc(c[0]))
+
+    # -- declarations --
+    def shape(self, meta, c):
+        names = [t for t in c if t is not None]
+        return S.Shape(tuple(str(t) for t in names), tuple(_loc(t) for t in names))
+
+    def dim_item(self, meta, c):
+        return S.DimDecl(str(c[0]), int(c[1]) if c[1] is not None else None, _loc(c[0]))
+
+    def bound_number(self, meta, c):
+        return float(c[0])
+
+    def bound_neg_inf(self, meta, c):
+        return float("-inf")
+
+    def bound_inf(self, meta, c):
+        return float("inf")
+
+    def domain(self, meta, c):
+        lo, hi = c
+        if not lo < hi:
+            raise SpecError(f"empty domain ({lo}, {hi}): the lower bound must be below the upper", Loc(meta.line, meta.column))
+        return (lo, hi)
+
+    def input_item(self, meta, c):
+        shape = c[1] if c[1] is not None else S.Shape((), ())
+        domain = c[2] if c[2] is not None else (float("-inf"), float("inf"))
+        return S.InputDecl(str(c[0]), shape, domain, _loc(c[0]))
+
+    def param_item(self, meta, c):
+        return S.ParamDecl(str(c[0]), c[1], _loc(c[0]))
+
+    def state_item(self, meta, c):
+        return S.StateDecl(str(c[0]), c[1], _loc(c[0]))
+
+    def _items(self, meta, c):
+        return list(c)
+
+    dims_decl = input_decl = param_decl = state_decl = _items
+
+    def default_decl(self, meta, c):
+        return S.Default(str(c[0]), c[1], _loc(c[0]))
+
+    def stat_groups(self, meta, c):
+        return tuple((str(t), _loc(t)) for t in c)
+
+    def stat_def(self, meta, c):
+        return S.Stat(str(c[0]), c[1], c[2] or (), _loc(c[0]))
+
+    def let_def(self, meta, c):
+        return S.Let(str(c[0]), c[1], _loc(c[0]))
+
+    def out_def(self, meta, c):
+        return S.Out(str(c[0]), c[1], _loc(c[0]))
+
+    def assign(self, meta, c):
+        return S.Assign(str(c[0]), c[1], _loc(c[0]))
+
+    def header(self, meta, c):
+        title = str(c[1])[1:-1] if c[1] is not None else ""
+        return (str(c[0]), title, _loc(c[0]))
+
+    def start(self, meta, c):
+        (name, title, loc), *rest = c
+        statements: list = []
+        for item in rest:
+            statements.extend(item if isinstance(item, list) else [item])
+        return S.Spec(name, title, statements, loc=loc)
+
+
+def _describe_expected(expected: set[str]) -> str:
+    names = sorted(expected)
+    shown = ", ".join(n.lower() if not n.startswith("_") else "newline" for n in names[:8])
+    return shown + (", ..." if len(names) > 8 else "")
+
+
+def parse(source: str, filename: str = "<spec>") -> S.Spec:
+    """Parse spec text; any mistake raises a SpecError located in the text."""
+    if not isinstance(source, str):
+        raise SpecError(f"spec text must be a string, not {type(source).__name__}", None, "", filename)
+    if len(source) > MAX_SOURCE_CHARS:
+        raise SpecError(f"spec is longer than {MAX_SOURCE_CHARS} characters", None, "", filename)
+    text = source if source.endswith("\n") else source + "\n"
+    try:
+        tree = _parser().parse(text)
+        spec = _ToAst().transform(tree)
+    except lark.exceptions.UnexpectedCharacters as e:
+        raise SpecError(f"unexpected character {text[e.pos_in_stream]!r}", Loc(e.line, e.column), source, filename) from None
+    except lark.exceptions.UnexpectedToken as e:
+        tok = e.token
+        what = "end of input" if tok.type == "$END" else ("end of line" if tok.type == "_NL" else repr(str(tok)))
+        raise SpecError(
+            f"unexpected {what}; expected {_describe_expected(e.expected)}", Loc(tok.line or 1, tok.column or 1), source, filename
+        ) from None
+    except lark.exceptions.UnexpectedEOF as e:
+        raise SpecError(f"unexpected end of input; expected {_describe_expected(set(e.expected))}", None, source, filename) from None
+    except lark.exceptions.VisitError as e:
+        if isinstance(e.orig_exc, SpecError):
+            raise e.orig_exc.located(source, filename) from None
+        raise
+    except RecursionError:
+        raise SpecError("expression nested too deeply", None, source, filename) from None
+    spec.source, spec.filename = source, filename
+    return spec

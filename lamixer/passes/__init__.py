@@ -1,0 +1,1 @@
+"""Passes over the IR: verify, rewrite (normalize reads), classify, plan."""

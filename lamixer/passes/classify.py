@@ -1,0 +1,300 @@
+"""Classification: find, for each state, the recurrence the chunkwise kernels implement.
+
+Every state must follow, per token:  S <- S * exp(log_decay)  (zero or more decays, scalar or
+along one of its dims), then one write, either additive  S <- S + outer(a, b)  or
+delta-style  S <- S + outer(a, b + c @ S)  (b, c free of S). A vector state z[K] takes
+z <- z + a. Reads are `x @ S` of the version before the token, after its decay, or after its
+write. Anything else is a located error: the IR cannot lower it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from .. import ir
+from ..errors import SpecError
+
+
+@dataclass(frozen=True)
+class Read:
+    """A read x @ S of one state version: decayed/written say which part of the token's update it sees."""
+
+    node: int
+    query: int
+    decayed: bool
+    written: bool
+
+    @property
+    def when(self) -> str:
+        if self.written:
+            return "after update"
+        return "after decay, before write" if self.decayed else "before update"
+
+
+@dataclass
+class Scan:
+    """One state's recurrence: S_t = D_t S_{t-1} + a_t (b_t + S'^T c_t)^T, read by queries."""
+
+    state: str
+    key_dim: str
+    value_dim: str | None  # None: a vector state, written with b = 1
+    rule: str  # "additive" | "delta"
+    decay: str  # "none" | "constant" | "scalar" | "key" | "value"
+    log_decay: int | None
+    write_key: int
+    write_value: int | None
+    erase_key: int | None  # c (delta rule only); the erase reads the decayed state
+    reads: list[Read] = field(default_factory=list)
+
+    def inputs(self) -> list[int]:
+        return [n for n in (self.log_decay, self.write_key, self.write_value, self.erase_key) if n is not None] + [
+            r.query for r in self.reads
+        ]
+
+    def describe(self) -> str:
+        decay = {"none": "no decay", "constant": "constant decay", "scalar": "scalar decay",
+                 "key": f"decay along {self.key_dim}", "value": f"decay along {self.value_dim}"}[self.decay]  # fmt: skip
+        return f"{self.rule} write, {decay}"
+
+
+@dataclass
+class Classification:
+    scans: list[Scan]  # in an order where every scan comes after those it depends on
+    update_rule: str  # "additive" | "delta" | "slot-softmax"
+    composition: str  # "single" | "parallel" | "chained"
+    stats: list[int]
+    side_branches: list[int]
+    denominators: list[str]
+
+    def scan(self, state: str) -> Scan:
+        return next(s for s in self.scans if s.state == state)
+
+
+class _StateAnalysis:
+    def __init__(self, g: ir.Graph, name: str):
+        self.g, self.name = g, name
+        self.s_in = g.state_in[name]
+        self.dims = g.states[name].dims
+        self.consumed: set[int] = set()
+
+    def err(self, msg: str, n: int) -> SpecError:
+        return SpecError(msg, self.g.node(n)["loc"])
+
+    def depends(self, n: int) -> bool:
+        return self.g.depends_on(n, {self.s_in})
+
+    def chain(self, n: int) -> list[tuple[str, int, int, int]] | None:
+        """Steps (kind, node, operand, base) from state_in to n, or None when n is not a version of the state."""
+        g = self.g
+        if n == self.s_in:
+            return []
+        if g.dims_of(n) != self.dims or g.op(n) != "binary":
+            return None
+        fn, (a, b) = g.node(n)["fn"], g.args(n)
+        if fn == "mul":
+            for base, f in ((a, b), (b, a)):
+                steps = self.chain(base)
+                if steps is not None and not self.depends(f):
+                    return steps + [("decay", n, f, base)]
+            return None
+        if fn in ("add", "sub"):
+            left, right = self.chain(a), self.chain(b) if fn == "add" else None
+            if left is not None and right is not None:
+                raise self.err(f"the update of '{self.name}' adds two versions of the state", n)
+            if left is not None:
+                return left + [("write" if fn == "add" else "write-", n, b, a)]
+            if right is not None:
+                return right + [("write", n, a, b)]
+        return None
+
+    def as_outer(self, w: int) -> tuple[int, int]:
+        """(a, b) with w == outer(a, b), pushing scalar and per-dim factors onto the vectors."""
+        g, loc = self.g, self.g.node(w)["loc"]
+        if g.op(w) == "outer":
+            a, b = g.args(w)
+            return a, b
+        if g.is_fn(w, "binary", "mul") or g.is_fn(w, "binary", "div"):
+            x, y = g.args(w)
+            mat, f = (x, y) if g.dims_of(x) == self.dims else (y, x)
+            if g.dims_of(mat) == self.dims and (g.node(w)["fn"] == "mul" or mat == x):
+                a, b = self.as_outer(mat)
+                fn, df = g.node(w)["fn"], g.dims_of(f)
+                if df in ((), self.dims[:1]):
+                    return g.add("binary", (a, f), g.dims_of(a), loc, fn=fn), b
+                if df == self.dims[1:]:
+                    return a, g.add("binary", (b, f), g.dims_of(b), loc, fn=fn)
+        raise self.err(f"the write to '{self.name}' must be an outer product outer(a, b) (times scalars)", w)
+
+    def affine(self, n: int, base: int) -> tuple[int | None, int | None]:
+        """(b0, c) with n == b0 + c @ base, b0 and c free of the state (either may be None for zero)."""
+        g = self.g
+        if not self.depends(n):
+            return n, None
+        loc, op = g.node(n)["loc"], g.op(n)
+        if op == "matmul" and g.args(n)[1] == base and not self.depends(g.args(n)[0]):
+            self.consumed.add(n)
+            return None, g.args(n)[0]
+        if op == "binary" and g.node(n)["fn"] in ("add", "sub", "mul", "div"):
+            fn, (x, y) = g.node(n)["fn"], g.args(n)
+            if fn in ("add", "sub"):
+                (bx, cx), (by, cy) = self.affine(x, base), self.affine(y, base)
+                return self._combine(fn, bx, by, loc), self._combine(fn, cx, cy, loc)
+            scalar, other = (x, y) if not g.dims_of(x) and not self.depends(x) else (y, x)
+            if not g.dims_of(scalar) and not self.depends(scalar) and (fn == "mul" or other == x):
+                b0, c = self.affine(other, base)
+                def scaled(t):
+                    return None if t is None else g.add("binary", (t, scalar), g.dims_of(t), loc, fn=fn)
+                return scaled(b0), scaled(c)
+        raise self.err(
+            f"the write to '{self.name}' depends on the state in a form the IR cannot lower "
+            f"(it must be linear, b + c @ {self.name}, with c a vector)", n)  # fmt: skip
+
+    def _combine(self, fn: str, x: int | None, y: int | None, loc) -> int | None:
+        g = self.g
+        if y is None:
+            return x
+        if x is None:
+            if fn == "add":
+                return y
+            zero = g.add("const", (), (), loc, value=0.0)
+            return g.add("binary", (zero, y), g.dims_of(y), loc, fn="sub")
+        dims = g.dims_of(x) if set(g.dims_of(y)) <= set(g.dims_of(x)) else g.dims_of(y)
+        return g.add("binary", (x, y), dims, loc, fn=fn)
+
+    def log_decay(self, factors: list[int]) -> int | None:
+        g, logs = self.g, []
+        for f in factors:
+            loc = g.node(f)["loc"]
+            logs.append(g.args(f)[0] if g.is_fn(f, "unary", "exp") else g.add("unary", (f,), g.dims_of(f), loc, fn="log"))
+        total = None
+        for lg in logs:
+            if total is None:
+                total = lg
+            else:
+                if set(g.dims_of(total)) != set(g.dims_of(lg)) and g.dims_of(total) and g.dims_of(lg):
+                    raise self.err(f"'{self.name}' decays along two different dims in one token", lg)
+                dims = g.dims_of(total) if len(g.dims_of(total)) >= len(g.dims_of(lg)) else g.dims_of(lg)
+                total = g.add("binary", (total, lg), dims, g.node(lg)["loc"], fn="add")
+        return total
+
+    def decay_kind(self, log: int | None) -> str:
+        g = self.g
+        if log is None:
+            return "none"
+        d = g.dims_of(log)
+        if len(d) == 2:
+            raise self.err(f"'{self.name}' decays along both of its dims; the IR lowers a decay along one dim only", log)
+        if d:
+            return "key" if d == self.dims[:1] else "value"
+        seen, stack = set(), [log]
+        while stack:  # time-varying iff an input reaches it other than through a (time-constant) stat
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if g.op(n) == "input":
+                return "scalar"
+            if g.op(n) != "stat":
+                stack.extend(g.args(n))
+        return "constant"
+
+    def run(self) -> Scan:
+        g = self.g
+        final = g.args(g.state_out[self.name])[0]
+        steps = self.chain(final)
+        if steps is None:
+            raise self.err(
+                f"cannot lower the update of '{self.name}': write it as "
+                f"`{self.name} = decay * {self.name} + outer(a, b)` (decay optional)", final)  # fmt: skip
+        writes = [s for s in steps if s[0].startswith("write")]
+        if not writes:
+            raise self.err(f"state '{self.name}' is decayed but never written", final)
+        if len(writes) > 1:
+            raise self.err(f"state '{self.name}' is written twice in one token; write once per token", writes[1][1])
+        widx = steps.index(writes[0])
+        for s in steps[widx + 1:]:
+            raise self.err(f"'{self.name}' is decayed after its write; decay the state before writing to it", s[1])
+        kind, wnode, w, base = writes[0]
+        if kind == "write-":
+            zero = g.add("const", (), (), g.node(w)["loc"], value=0.0)
+            w = g.add("binary", (zero, w), g.dims_of(w), g.node(w)["loc"], fn="sub")
+        log = self.log_decay([s[2] for s in steps[:widx]])
+        decay = self.decay_kind(log)
+        if len(self.dims) == 1:
+            if self.depends(w):
+                raise self.err(f"the write to the vector state '{self.name}' cannot depend on the state", w)
+            a, b0, c = w, None, None
+        else:
+            a, b = self.as_outer(w)
+            if self.depends(a):
+                raise self.err(f"the key written into '{self.name}' cannot depend on the state", a)
+            b0, c = self.affine(b, base)
+            if c is not None and b0 is None:
+                raise self.err(f"the write to '{self.name}' needs a value term besides the state read", b)
+            if c is not None and decay == "value":
+                raise self.err(f"the delta rule with a decay along '{self.dims[1]}' cannot be lowered; decay along '{self.dims[0]}'", wnode)
+        scan = Scan(self.name, self.dims[0], self.dims[1] if len(self.dims) == 2 else None,
+                    "delta" if c is not None else "additive", decay, log, a, b0, c)  # fmt: skip
+        versions = {self.s_in: (False, False)}
+        for kind_, node, _, _ in steps:
+            versions[node] = (True, False) if kind_ == "decay" else (True, True)
+        for v, (decayed, written) in versions.items():
+            for succ in g.g.successors(v):
+                if succ in versions or succ in self.consumed or succ == g.state_out[self.name]:
+                    continue
+                if g.op(succ) != "matmul" or g.args(succ)[1] != v:
+                    raise self.err(f"state '{self.name}' can only be updated, or read as x @ {self.name}", succ)
+                q = g.args(succ)[0]
+                if self.depends(q):
+                    raise self.err(f"the query of this read depends on '{self.name}' itself", succ)
+                if len(g.dims_of(q)) != 1:
+                    raise self.err(f"a read x @ {self.name} needs a vector x, got dims {list(g.dims_of(q))}", succ)
+                scan.reads.append(Read(succ, q, decayed, written))
+        scan.reads.sort(key=lambda r: r.node)
+        return scan
+
+
+def classify(g: ir.Graph) -> Classification:
+    scans = {name: _StateAnalysis(g, name).run() for name in g.states}
+    read_of = {r.node: s.state for s in scans.values() for r in s.reads}
+    # scan-level dependencies: a scan depends on the scans whose reads reach its inputs
+    deps = nx.DiGraph()
+    deps.add_nodes_from(scans)
+    for s in scans.values():
+        for n in s.inputs():
+            for anc in nx.ancestors(g.g, n) | {n}:
+                if anc in read_of:
+                    if read_of[anc] == s.state:
+                        raise SpecError(f"the recurrence of '{s.state}' depends on its own read", g.node(anc)["loc"])
+                    deps.add_edge(read_of[anc], s.state)
+    if not nx.is_directed_acyclic_graph(deps):
+        cycle = nx.find_cycle(deps)
+        raise SpecError(f"states {' and '.join(sorted({a for a, _ in cycle}))} read each other in a cycle", g.states[cycle[0][0]].loc)
+    order = [scans[n] for n in nx.lexicographical_topological_sort(deps, key=lambda n: list(g.states).index(n))]
+    chained = deps.number_of_edges() > 0
+    softmax_between = chained and any(
+        g.is_fn(n, "normalize", "softmax")
+        for s in order for q in s.inputs() for n in nx.ancestors(g.g, q) | {q}
+        if any(r in read_of for r in nx.ancestors(g.g, n))
+    )  # fmt: skip
+    if softmax_between:
+        rule = "slot-softmax"
+    else:
+        rule = "delta" if any(s.rule == "delta" for s in order) else "additive"
+    denominators = []
+    for n in g.g.nodes:
+        if g.is_fn(n, "binary", "div"):
+            num, den = g.args(n)
+            states = {read_of[a] for a in nx.ancestors(g.g, den) | {den} if a in read_of}
+            for st in sorted(states):
+                if scans[st].value_dim is None:
+                    denominators.append(st)
+    return Classification(
+        scans=order,
+        update_rule=rule,
+        composition="single" if len(order) == 1 else ("chained" if chained else "parallel"),
+        stats=sorted(n for n in g.g.nodes if g.op(n) == "stat"),
+        side_branches=sorted(n for n in g.g.nodes if g.op(n) == "block_attention"),
+        denominators=sorted(set(denominators)),
+    )

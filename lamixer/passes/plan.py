@@ -1,0 +1,82 @@
+"""The kernel plan: the order in which per-token work, statistics and state scans run."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from .. import ir
+from .classify import Classification, Scan
+
+# Chunk lengths of the torch backend: a per-dim decay materialises [C, C, dim] score tensors.
+CHUNK_SCALAR_DECAY = 64
+CHUNK_VECTOR_DECAY = 16
+
+
+@dataclass
+class KernelPlan:
+    order: list[int]  # per-token nodes, stats and reads, each after everything it needs
+    read_scan: dict[int, str]  # read node -> the state whose scan computes it
+    chunk: dict[str, int]  # state -> chunk length
+    fusable: list[tuple[str, ...]]  # states whose scans share key, decay and queries (one kernel, values side by side)
+
+    def stages(self, g: ir.Graph, cls: Classification) -> list[str]:
+        """A readable listing of the plan, stage by stage."""
+        lines, pending = [], []
+        for n in self.order:
+            if n in self.read_scan:
+                if pending:
+                    lines.append(f"per-token: {', '.join(pending)}")
+                    pending = []
+                st = self.read_scan[n]
+                tag = f"scan {st}"
+                if lines and lines[-1].startswith(tag):
+                    continue
+                scan = cls.scan(st)
+                lines.append(f"{tag} ({scan.describe()}, chunk {self.chunk[st]})")
+            elif g.op(n) == "stat":
+                node = g.node(n)
+                scope = f"per {', '.join(node['groups'])}" if node["groups"] else "over the whole input"
+                lines.append(f"stat: {node['fn']} {scope} (stop-gradient)")
+            elif g.op(n) == "block_attention":
+                pending.append(f"block_attention(size={g.node(n)['size']})")
+            elif g.op(n) not in ("const", "dim", "head", "scale", "input", "param", "output"):
+                pending.append(g.label(n).split(" [")[0])
+        if pending:
+            lines.append(f"per-token: {', '.join(pending)}")
+        for st in cls.scans:
+            if not any(line.startswith(f"scan {st.state}") for line in lines):
+                lines.append(f"scan {st.state} ({st.describe()}, chunk {self.chunk[st.state]}): final state only")
+        return lines
+
+
+def _chunk(scan: Scan) -> int:
+    return CHUNK_VECTOR_DECAY if scan.decay in ("key", "value") else CHUNK_SCALAR_DECAY
+
+
+def make_plan(g: ir.Graph, cls: Classification) -> KernelPlan:
+    read_scan = {r.node: s.state for s in cls.scans for r in s.reads}
+    by_state = {s.state: s for s in cls.scans}
+    E = nx.DiGraph()
+    stack = [g.output, *(n for s in cls.scans for n in s.inputs())]
+    while stack:
+        n = stack.pop()
+        if n in E and E.nodes[n].get("seen"):
+            continue
+        E.add_node(n, seen=True)
+        deps = by_state[read_scan[n]].inputs() if n in read_scan else g.args(n)
+        for d in deps:
+            E.add_edge(d, n)
+            stack.append(d)
+    order = list(nx.lexicographical_topological_sort(E))
+    fusable = []
+    for i, a in enumerate(cls.scans):
+        group = [a.state]
+        for b in cls.scans[i + 1:]:
+            same_reads = [(r.query, r.decayed, r.written) for r in a.reads] == [(r.query, r.decayed, r.written) for r in b.reads]
+            if (a.rule == b.rule == "additive" and a.write_key == b.write_key and a.log_decay == b.log_decay
+                    and a.decay in ("none", "constant", "scalar", "key") and b.decay == a.decay and same_reads):  # fmt: skip
+                group.append(b.state)
+        if len(group) > 1 and not any(a.state in f for f in fusable):
+            fusable.append(tuple(group))
+    return KernelPlan(order, read_scan, {s.state: _chunk(s) for s in cls.scans}, fusable)
