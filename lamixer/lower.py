@@ -244,6 +244,7 @@ class _Lowerer:
         elif isinstance(st, S.Let):
             self.define(st.name, "a let", st.loc)
             self.env[st.name] = self.expr(st.value)
+            g.node(self.env[st.name]).setdefault("let", st.name)
         elif isinstance(st, S.Out):
             if self.out_seen is not None:
                 raise self.err(f"a mixer has one output; another was defined at line {self.out_seen.line}", st.loc)

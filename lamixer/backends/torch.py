@@ -7,8 +7,9 @@ its one-column case) or along the value dim. Within a chunk, with B_t the cumula
   delta     (I - tril(M, -1)) U = b + (c e^B) S_0,  M_ij = sum_k c_ik a_jk e^(B_ik - B_jk)
   reads     o_i = (q_i e^(Bq_i)) S_0 + sum_j sum_k q_ik a_jk e^(Bq_ik - B_jk) U_j   (j <= i, or j < i)
   state     S_C = e^(B_C) S_0 + (a e^(B_C - B))^T U
-Every exponent is a difference of cumulative log decays at ordered positions, so it never
-overflows for decays <= 1. Differentiable by autograd.
+Every exponent is a sum of log decays over a segment of ordered positions, summed directly (never
+as a difference of prefix sums), so it never overflows for decays <= 1 and its gradient does not
+cancel under strong decay. Differentiable by autograd.
 """
 from __future__ import annotations
 
@@ -29,15 +30,33 @@ def _pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
     return x.reshape(*x.shape[:2], N, C, x.shape[-1])
 
 
-def _masked_exp(diff: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.exp(torch.where(mask, diff, torch.full_like(diff, float("-inf"))))
+def _segsum(g: torch.Tensor) -> torch.Tensor:
+    """seg[.., i, j, :] = sum of g over j < s <= i (for j <= i), built without differences of prefix sums.
+
+    A difference of cumulative sums would cancel: under strong decay the gradient of a small
+    segment would be the rounding noise of two large ones.
+    """
+    C = g.shape[-2]
+    after_j = torch.ones(C, C, dtype=torch.bool, device=g.device).triu(1)  # [j, s]: s > j
+    x = torch.where(after_j.unsqueeze(-1), g.unsqueeze(-3), torch.zeros((), dtype=g.dtype, device=g.device))
+    return x.cumsum(-2).transpose(-2, -3)  # [.., i, j, :]
 
 
-def _pair_key(x, Bx, a, Ba, mask) -> torch.Tensor:
-    """sum_k x_ik a_jk exp(Bx_ik - Ba_jk) over masked (i, j): [.., C, C]; B has 1 (scalar) or K columns."""
-    if Bx.shape[-1] == 1:
-        return (x @ a.transpose(-1, -2)) * _masked_exp(Bx - Ba.transpose(-1, -2), mask)
-    w = _masked_exp(Bx.unsqueeze(-2) - Ba.unsqueeze(-3), mask.unsqueeze(-1))  # [.., C, C, K]
+def _suffix(g: torch.Tensor) -> torch.Tensor:
+    """sum of g over s > j within the chunk, as [.., C, D]."""
+    return F.pad(g[..., 1:, :], (0, 0, 0, 1)).flip(-2).cumsum(-2).flip(-2)
+
+
+def _decay_weights(seg: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """exp of the segment sums where mask (over [i, j]) holds, else 0."""
+    mask = mask.unsqueeze(-1)
+    return torch.exp(torch.where(mask, seg, torch.full_like(seg, float("-inf"))))
+
+
+def _pair(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """sum_k x_ik a_jk w_ijk over [.., C, C]; w has one column (scalar decay) or K."""
+    if w.shape[-1] == 1:
+        return (x @ a.transpose(-1, -2)) * w.squeeze(-1)
     return torch.einsum("...ik,...jk,...ijk->...ij", x, a, w)
 
 
@@ -54,19 +73,23 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
     incl, strict = ar[:, None] >= ar[None, :], ar[:, None] > ar[None, :]
     a, b = _pad_chunks(a, C), _pad_chunks(b, C)
     qs = [(_pad_chunks(q, C), dec, wr) for q, dec, wr in reads]
+    g = _pad_chunks(gk if gv is None else gv, C)
+    Bc = g.cumsum(-2)  # decay from the chunk start through token i: [B, H, N, C, D]
+    Bx = Bc - g  # ... up to token i, exclusive
+    seg = _segsum(g)  # decay between a write at j and a read at i: [B, H, N, C, C, D]
+    seg_x = F.pad(seg[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # the same, excluding token i itself
+    last = Bc[..., -1:, :]  # the whole chunk's decay: [B, H, N, 1, D]
+    to_end = torch.exp(_suffix(g))  # decay from a write at j to the chunk's end
+    read_parts = []
+    for q, dec, wr in qs:
+        w = _decay_weights(seg if dec else seg_x, incl if wr else strict)
+        read_parts.append((q, torch.exp(Bc if dec else Bx), w))
     if gv is None:
-        g = _pad_chunks(gk if gk is not None else a.new_zeros(*h0.shape[:2], T, 1), C)
-        Bc = g.cumsum(-2)  # [B, H, N, C, 1 or K]
-        last = Bc[..., -1:, :]  # [B, H, N, 1, 1 or K]
-        a_end = a * torch.exp(last - Bc)  # write keys as seen at the chunk's end
-        q_side = []
-        for q, dec, wr in qs:
-            Bq = Bc if dec else Bc - g
-            q_side.append((q * torch.exp(Bq), _pair_key(q, Bq, a, Bc, incl if wr else strict)))
+        a_end = a * to_end
+        q_side = [(q * eq, _pair(q, a, w)) for q, eq, w in read_parts]
         if c is not None:
             c = _pad_chunks(c, C)
-            M = _pair_key(c, Bc, a, Bc, strict)
-            L = torch.eye(C, dtype=dt, device=dev) - M
+            L = torch.eye(C, dtype=dt, device=dev) - _pair(c, a, _decay_weights(seg, strict))
             rhs = torch.cat([b, c * torch.exp(Bc)], -1)
             sol = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
             U0, W = sol[..., : b.shape[-1]], sol[..., b.shape[-1] :]  # U = U0 + W S_0
@@ -77,16 +100,8 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
                 out.append(qe[:, :, n] @ S + A[:, :, n] @ U)
             S = torch.exp(last[:, :, n]).transpose(-1, -2) * S + a_end[:, :, n].transpose(-1, -2) @ U
     else:
-        g = _pad_chunks(gv, C)
-        Bc = g.cumsum(-2)  # [B, H, N, C, V]
-        last = Bc[..., -1:, :]
-        b_end = b * torch.exp(last - Bc)
-        q_side = []
-        for q, dec, wr in qs:
-            Bq = Bc if dec else Bc - g
-            P = q @ a.transpose(-1, -2)  # [.., C, C]
-            w = _masked_exp(Bq.unsqueeze(-2) - Bc.unsqueeze(-3), (incl if wr else strict).unsqueeze(-1))  # [.., C, C, V]
-            q_side.append((q, torch.exp(Bq), torch.einsum("...ij,...ijv,...jv->...iv", P, w, b)))
+        b_end = b * to_end
+        q_side = [(q, eq, torch.einsum("...ij,...ijv,...jv->...iv", q @ a.transpose(-1, -2), w, b)) for q, eq, w in read_parts]
         S, outs = h0, [[] for _ in qs]
         for n in range(a.shape[2]):
             for out, (q, eq, intra) in zip(outs, q_side):

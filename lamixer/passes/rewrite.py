@@ -25,9 +25,9 @@ def _rewrite_one(g: ir.Graph, m: int) -> int | None:
     """A replacement node for matmul m, or None when no rule applies."""
     x, r = g.args(m)
     loc, dx, dr = g.node(m)["loc"], g.dims_of(x), g.dims_of(r)
-    if len(dx) != 1 or _is_version(g, r) or not _touches_state(g, r):
-        return None
     d = g.node(r)
+    if len(dx) != 1 or _is_version(g, r) or (d["op"] != "outer" and not _touches_state(g, r)):
+        return None
     op, args = d["op"], d["args"]
     out = g.dims_of(m)
 
@@ -61,7 +61,7 @@ def _rewrite_one(g: ir.Graph, m: int) -> int | None:
 
 
 def distribute_reads(g: ir.Graph) -> None:
-    """Apply the rules until no `@` reads an expression of states."""
+    """Apply the rules until no `@` reads an expression of states (or an outer product)."""
     changed = True
     while changed:
         changed = False

@@ -1,0 +1,146 @@
+"""The `lamixer` command: a thin layer over the Python API."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from . import explain as explain_mod
+from .errors import LamixerError
+from .mixer import SPEC_SUFFIX, Mixer, load, shipped_source, shipped_specs
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+# float64 against the float64 interpreter: anything above this is a bug, not rounding
+CHECK_TOLERANCE = 1e-7
+
+
+def _load(spec: str) -> Mixer:
+    try:
+        return load(spec)
+    except LamixerError as e:
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+@click.group()
+@click.version_option(package_name="lamixer")
+def main() -> None:
+    """lamixer: compile linear-attention token mixers from declarative specs."""
+
+
+@main.command("list")
+def list_cmd() -> None:
+    """The shipped specs and how each is classified."""
+    table = Table(title="shipped specs")
+    for col in ("name", "inputs", "states", "rule", "decay", "composition", "extras"):
+        table.add_column(col)
+    for name in shipped_specs():
+        row = explain_mod.summary(load(name).compiled)
+        table.add_row(*row.values())
+    console.print(table)
+
+
+@main.command()
+@click.argument("spec")
+@click.option("--graph", "graph_file", type=click.Path(dir_okay=False), help="Draw the IR to FILE (.png, .svg, .pdf or .json).")
+def explain(spec: str, graph_file: str | None) -> None:
+    """Show SPEC's classified IR and its kernel plan."""
+    m = _load(spec)
+    for line in explain_mod.report(m.compiled):
+        click.echo(line)
+    if graph_file:
+        if not graph_file.endswith((".png", ".svg", ".pdf", ".json")):
+            raise click.BadParameter("use a .png, .svg, .pdf or .json file", param_hint="--graph")
+        explain_mod.draw(m.compiled, graph_file)
+        click.echo(f"\ngraph written to {graph_file}")
+
+
+CASES = [  # (label, T, gate, initial state, packed sequences)
+    ("T=1", 1, "normal", True, None),
+    ("T=37 strong gates", 37, "strong", True, None),
+    ("T=130 weak gates", 130, "weak", True, None),
+    ("T=100 no state", 100, "normal", False, None),
+    ("varlen 5+32+23", None, "normal", True, [0, 5, 37, 60]),
+]
+
+
+@main.command()
+@click.argument("specs", nargs=-1)
+@click.option("--all", "all_specs", is_flag=True, help="Check every shipped spec.")
+@click.option("--backend", "backends", multiple=True, default=("torch",), show_default=True, help="Backend(s) to check against the interpreter.")
+@click.option("--seed", default=0, show_default=True)
+def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], seed: int) -> None:
+    """Run backends against the interpreter on random float64 inputs: outputs, final states, all gradients."""
+    from .check import compare, random_call
+
+    names = list(specs) + (shipped_specs() if all_specs else [])
+    if not names:
+        raise click.UsageError("name a spec (or a spec file), or pass --all")
+    mixers = [_load(n) for n in names]
+    table = Table(title=f"relative RMS error against the interpreter (float64; fail above {CHECK_TOLERANCE:g})")
+    for col in ("spec", "backend", "case", "output", "final states", "gradients", "worst grad", "verdict"):
+        table.add_column(col)
+    failed = False
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("checking", total=len(mixers) * len(backends) * len(CASES))
+        for m in mixers:
+            for backend in backends:
+                for label, T, gate, init, cu in CASES:
+                    progress.update(task, description=f"{m.name} / {backend} / {label}")
+                    tensors, states = random_call(m, T=T or 1, gate=gate, seed=seed, initial_state=init, cu_seqlens=cu)
+                    try:
+                        c = compare(m, backend, tensors, states, cu_seqlens=cu, seed=seed)
+                    except LamixerError as e:
+                        table.add_row(m.name, backend, label, "-", "-", "-", "-", f"[yellow]skipped: {e}[/yellow]")
+                        progress.advance(task)
+                        continue
+                    grads = {k: v for k, v in c.errors.items() if k.startswith("d")}
+                    states_err = max((v for k, v in c.errors.items() if k.startswith("state")), default=0.0)
+                    worst_grad = max(grads, key=grads.get) if grads else "-"
+                    ok = c.worst < CHECK_TOLERANCE
+                    failed |= not ok
+                    table.add_row(m.name, backend, label, f"{c.errors['o']:.1e}", f"{states_err:.1e}",
+                                  f"{max(grads.values(), default=0.0):.1e}", worst_grad,
+                                  "[green]ok[/green]" if ok else "[red]MISMATCH[/red]")  # fmt: skip
+                    progress.advance(task)
+    console.print(table)
+    if failed:
+        console.print("[red]mismatch against the interpreter[/red]")
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--from", "base", default="linear_attn", show_default=True, help="The shipped spec or spec file to start from.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help=f"Where to write (default NAME{SPEC_SUFFIX}).")
+def new(name: str, base: str, output: str | None) -> None:
+    """Start a new spec NAME from an existing one."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise click.BadParameter("a spec name is a letter or underscore followed by letters, digits and underscores", param_hint="NAME")
+    text = shipped_source(base) if base in shipped_specs() else None
+    if text is None:
+        path = Path(base)
+        if not path.is_file():
+            raise click.BadParameter(f"{base!r} is neither a shipped spec nor a file", param_hint="--from")
+        text = path.read_text()
+    _load(base)  # the starting point must itself be valid
+    lines = text.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.strip().startswith("mixer "))
+    lines[head] = f'mixer {name} "{name}: a variant of {load(base).name}"'
+    out = Path(output or f"{name}{SPEC_SUFFIX}")
+    if out.exists():
+        raise click.ClickException(f"{out} exists; not overwriting it")
+    out.write_text("\n".join(lines) + "\n")
+    load(str(out))
+    click.echo(f"wrote {out}: edit it, then `lamixer check {out}` and `lamixer explain {out}`")
+
+
+if __name__ == "__main__":
+    main()

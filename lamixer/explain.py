@@ -1,0 +1,135 @@
+"""Human-readable summaries of a compiled spec: one row for `lamixer list`, a report for `explain`."""
+from __future__ import annotations
+
+from .compiler import Compiled
+
+
+def _shape(dims, per_head=False) -> str:
+    dims = (["H"] if per_head else []) + list(dims)
+    return "[" + ",".join(dims) + "]"
+
+
+def _decay(s) -> str:
+    return {"key": f"along {s.key_dim}", "value": f"along {s.value_dim}"}.get(s.decay, s.decay)
+
+
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "^"}
+
+
+def expr(g, n: int, depth: int = 4, top: bool = True) -> str:
+    """A node as spec-like text, naming let-bound values (deep subexpressions elided)."""
+    d = g.node(n)
+    op = d["op"]
+    if "let" in d and not top:
+        return d["let"]
+    if op in ("input", "param", "dim", "state_in"):
+        return d["name"]
+    if op == "const":
+        return f"{d['value']:g}"
+    if op in ("head", "scale"):
+        return "h" if op == "head" else "scale"
+    if depth == 0:
+        return "..."
+    args = [expr(g, a, depth - 1, False) for a in d["args"]]
+    if op == "binary" and d["fn"] in _INFIX:
+        if d["fn"] == "sub" and g.is_fn(d["args"][0], "const") and g.node(d["args"][0])["value"] == 0:
+            return f"-{args[1]}"
+        return f"({args[0]} {_INFIX[d['fn']]} {args[1]})"
+    if op == "matmul":
+        return f"({args[0]} @ {args[1]})"
+    if op in ("unary", "binary", "reduce", "normalize", "stat"):
+        if top and "let" in d:
+            return d["let"]
+        return f"{d['fn']}({', '.join(args)})"
+    return f"{op}({', '.join(args)})"
+
+
+def summary(c: Compiled) -> dict[str, str]:
+    g, cls = c.graph, c.classification
+    extras = []
+    if cls.stats:
+        extras.append("whole-input stats")
+    if cls.side_branches:
+        extras.append("block softmax")
+    if cls.denominators:
+        extras.append("denominator")
+    if any(r.written is False for s in cls.scans for r in s.reads):
+        extras.append("read before update")
+    return {
+        "name": g.name,
+        "inputs": " ".join(op.name + _shape(op.dims, op.per_head) for op in g.operands),
+        "states": " ".join(n + _shape(s.dims) for n, s in g.states.items()),
+        "rule": cls.update_rule,
+        "decay": _decay(cls.scans[0]) if len(cls.scans) == 1 else "; ".join(f"{s.state}: {_decay(s)}" for s in cls.scans),
+        "composition": cls.composition,
+        "extras": ", ".join(extras) or "-",
+    }
+
+
+def report(c: Compiled) -> list[str]:
+    g, cls, plan = c.graph, c.classification, c.plan
+    lines = [f"mixer {g.name}: {g.title}" if g.title else f"mixer {g.name}", ""]
+    lines.append("call:   " + ", ".join(op.name + _shape(op.dims, op.per_head) for op in g.operands) + " -> " + g.output_name + _shape(g.dims_of(g.output)))
+    lines.append("states: " + ", ".join(n + _shape(s.dims) for n, s in g.states.items()))
+    lines.append(f"graph:  {g.g.number_of_nodes()} nodes, {g.g.number_of_edges()} edges")
+    lines.append("")
+    lines.append(f"update rule: {cls.update_rule}; composition: {cls.composition}")
+    for s in cls.scans:
+        lines.append(f"  state {s.state}[{s.key_dim}{', ' + s.value_dim if s.value_dim else ''}]: {s.describe()}")
+        for r in s.reads:
+            lines.append(f"    read {expr(g, r.query)} @ {s.state} ({r.when})")
+        lines.append(f"    write key {expr(g, s.write_key)}" + (f", value {expr(g, s.write_value)}" if s.write_value is not None else ""))
+        if s.erase_key is not None:
+            lines.append(f"    delta correction: the value is b + c @ {s.state} with c = {expr(g, s.erase_key)}")
+        if s.log_decay is not None:
+            lines.append(f"    log decay {expr(g, s.log_decay)}")
+    if cls.denominators:
+        lines.append(f"  normalization: divides by reads of {', '.join(cls.denominators)}")
+    for n in cls.stats:
+        d = g.node(n)
+        lines.append(f"  statistic: {d['fn']} {'per ' + ', '.join(d['groups']) if d['groups'] else 'over the whole input'} (line {d['loc'].line})")
+    for n in cls.side_branches:
+        lines.append(f"  side branch: block-diagonal causal softmax attention, block {g.node(n)['size']} (line {g.node(n)['loc'].line})")
+    if plan.fusable:
+        lines.append("  fusable scans: " + "; ".join(" + ".join(f) for f in plan.fusable) + " (same keys, decay and queries)")
+    lines.append("")
+    lines.append("plan:")
+    lines.extend(f"  {i + 1}. {stage}" for i, stage in enumerate(plan.stages(g, cls)))
+    return lines
+
+
+def draw(c: Compiled, path: str) -> None:
+    """Draw the IR graph, layered by dataflow depth (png, svg or pdf through matplotlib; json as node-link data)."""
+    import json
+
+    import networkx as nx
+
+    g = c.graph
+    if path.endswith(".json"):
+        data = nx.node_link_data(g.g, edges="edges")
+        for node in data["nodes"]:
+            node["loc"] = f"{node['loc'].line}:{node['loc'].col}"
+            node["label"] = g.label(node["id"])
+        with open(path, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    G = g.g.copy()
+    for layer, nodes in enumerate(nx.topological_generations(G)):
+        for n in nodes:
+            G.nodes[n]["layer"] = layer
+    pos = nx.multipartite_layout(G, subset_key="layer", align="horizontal")
+    pos = {n: (x, -y) for n, (x, y) in pos.items()}
+    width = max(8, 1.2 * max(len(list(l)) for l in nx.topological_generations(G)))
+    fig, ax = plt.subplots(figsize=(width, 1.0 + 0.9 * (max(d["layer"] for _, d in G.nodes(data=True)) + 1)))
+    colors = ["#f4b183" if G.nodes[n]["op"] in ("state_in", "state_out") else "#9dc3e6" if G.nodes[n]["op"] in ("input", "param") else "#e2f0d9" for n in G]
+    nx.draw_networkx(G, pos, ax=ax, labels={n: g.label(n) for n in G}, node_color=colors, node_size=900, font_size=6, arrowsize=8)
+    ax.set_title(f"{g.name}: IR dataflow")
+    ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
