@@ -1,0 +1,34 @@
+# Two entry points: `make demo` (install, then check every shipped spec against the interpreter)
+# and `make test` (install, then the test suite). Each installs what it needs into .venv.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch and the Triton release the GPU runs (3.6), so the Triton interpreter
+# in CI matches the compiler on the GPU; numpy 2.4 breaks the 3.6 interpreter's loops.
+PINS := torch==2.13.0 "triton==3.6.*" "numpy<2.4"
+
+.PHONY: demo test lint bench-cpu clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(PINS)
+	$(BIN)/python -m pip install -q -e ".[dev]" $(PINS)
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/lamixer list
+	$(BIN)/lamixer explain gsa
+	$(BIN)/lamixer check --all
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check lamixer tests bench
+
+bench-cpu: $(VENV)/.installed
+	$(BIN)/python bench/torch_vs_interpret.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
