@@ -1,0 +1,65 @@
+"""The command line, through click's runner."""
+import json
+
+from click.testing import CliRunner
+
+import lamixer
+from lamixer.cli import main
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_list_shows_every_shipped_spec_with_its_classification():
+    code, out = run("list")
+    assert code == 0
+    for name in lamixer.shipped_specs():
+        assert name in out
+    assert "slot-softmax" in out and "delta" in out and "read before update" in out
+
+
+def test_explain_prints_classification_and_plan(tmp_path):
+    code, out = run("explain", "gated_deltanet", "--graph", str(tmp_path / "g.json"))
+    assert code == 0, out
+    assert "delta write, scalar decay" in out and "plan:" in out and "log decay g" in out
+    graph = json.loads((tmp_path / "g.json").read_text())
+    assert any(node["op"] == "state_in" for node in graph["nodes"])
+
+
+def test_explain_draws_png(tmp_path):
+    code, out = run("explain", "gsa", "--graph", str(tmp_path / "g.png"))
+    assert code == 0, out
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_check_passes_on_a_shipped_spec():
+    code, out = run("check", "simple_gla")
+    assert code == 0, out
+    assert "ok" in out and "MISMATCH" not in out
+
+
+def test_check_reports_a_located_error_for_a_broken_spec(tmp_path):
+    bad = tmp_path / "bad.lam"
+    bad.write_text("mixer bad\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(kk, v)\nout o = q @ S\n")
+    code, out = run("check", str(bad))
+    assert code == 2
+    assert "bad.lam:5:15" in out and "unknown name 'kk'" in out
+
+
+def test_check_needs_a_spec():
+    code, out = run("check")
+    assert code != 0 and "--all" in out
+
+
+def test_new_writes_a_spec_that_loads(tmp_path):
+    target = tmp_path / "my_gla.lam"
+    code, out = run("new", "my_gla", "--from", "gla", "-o", str(target))
+    assert code == 0, out
+    m = lamixer.load(str(target))
+    assert m.name == "my_gla" and m.inputs == ["q", "k", "v", "g"]
+    code, out = run("new", "my_gla", "--from", "gla", "-o", str(target))
+    assert code != 0 and "exists" in out
+    code, out = run("new", "9bad", "--from", "gla", "-o", str(tmp_path / "x.lam"))
+    assert code != 0
