@@ -84,30 +84,39 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
     for q, dec, wr in qs:
         w = _decay_weights(seg if dec else seg_x, incl if wr else strict)
         read_parts.append((q, torch.exp(Bc if dec else Bx), w))
+    decay_all = torch.exp(last)  # [B, H, N, 1, D]
     if gv is None:
         a_end = a * to_end
-        q_side = [(q * eq, _pair(q, a, w)) for q, eq, w in read_parts]
-        if c is not None:
+        if c is None:
+            U = b
+            delta_S = a_end.transpose(-1, -2) @ U  # each chunk's contribution to the state: [B, H, N, K, V]
+            S, starts = h0, []
+            for n in range(a.shape[2]):  # the only sequential part: one fused multiply-add per chunk
+                starts.append(S)
+                S = torch.addcmul(delta_S[:, :, n], decay_all[:, :, n].transpose(-1, -2), S)
+        else:
             c = _pad_chunks(c, C)
             L = torch.eye(C, dtype=dt, device=dev) - _pair(c, a, _decay_weights(seg, strict))
             rhs = torch.cat([b, c * torch.exp(Bc)], -1)
             sol = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
             U0, W = sol[..., : b.shape[-1]], sol[..., b.shape[-1] :]  # U = U0 + W S_0
-        S, outs = h0, [[] for _ in qs]
-        for n in range(a.shape[2]):
-            U = b[:, :, n] if c is None else U0[:, :, n] + W[:, :, n] @ S
-            for out, (qe, A) in zip(outs, q_side):
-                out.append(qe[:, :, n] @ S + A[:, :, n] @ U)
-            S = torch.exp(last[:, :, n]).transpose(-1, -2) * S + a_end[:, :, n].transpose(-1, -2) @ U
+            S, starts, Us = h0, [], []
+            for n in range(a.shape[2]):
+                starts.append(S)
+                Us.append(torch.baddbmm(U0[:, :, n].flatten(0, 1), W[:, :, n].flatten(0, 1), S.flatten(0, 1)).view_as(U0[:, :, n]))
+                S = decay_all[:, :, n].transpose(-1, -2) * S + a_end[:, :, n].transpose(-1, -2) @ Us[-1]
+            U = torch.stack(Us, 2)
+        S0 = torch.stack(starts, 2)  # the state entering each chunk: [B, H, N, K, V]
+        outs = [(q * eq) @ S0 + _pair(q, a, w) @ U for q, eq, w in read_parts]
     else:
-        b_end = b * to_end
-        q_side = [(q, eq, torch.einsum("...ij,...ijv,...jv->...iv", q @ a.transpose(-1, -2), w, b)) for q, eq, w in read_parts]
-        S, outs = h0, [[] for _ in qs]
+        delta_S = a.transpose(-1, -2) @ (b * to_end)
+        S, starts = h0, []
         for n in range(a.shape[2]):
-            for out, (q, eq, intra) in zip(outs, q_side):
-                out.append((q[:, :, n] @ S) * eq[:, :, n] + intra[:, :, n])
-            S = S * torch.exp(last[:, :, n]) + a[:, :, n].transpose(-1, -2) @ b_end[:, :, n]
-    return [torch.cat(o, 2)[:, :, :T] for o in outs], S
+            starts.append(S)
+            S = torch.addcmul(delta_S[:, :, n], decay_all[:, :, n], S)
+        S0 = torch.stack(starts, 2)
+        outs = [(q @ S0) * eq + torch.einsum("...ij,...ijv,...jv->...iv", q @ a.transpose(-1, -2), w, b) for q, eq, w in read_parts]
+    return [o.flatten(2, 3)[:, :, :T] for o in outs], S
 
 
 def block_attention(q, k, v, scale, size: int) -> torch.Tensor:
