@@ -13,6 +13,8 @@ cancel under strong decay. Differentiable by autograd.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -143,8 +145,9 @@ class _Evaluator:
     batch-grouped statistics see the sequence boundaries.
     """
 
-    def __init__(self, compiled: Compiled, call: Call):
+    def __init__(self, compiled: Compiled, call: Call, scan_impl):
         self.c, self.call, self.g = compiled, call, compiled.graph
+        self.scan_impl = scan_impl
         self.env: dict[int, torch.Tensor] = {}
         self.finals: dict[str, torch.Tensor] = {}
         self.B, self.T = call.batch, call.length
@@ -211,57 +214,78 @@ class _Evaluator:
         s = self.env[scale].reshape(())
         return torch.cat(self.per_segment(lambda *x: block_attention(*x, s, size), self.full(q), self.full(k), self.full(v), axis=1), 1)
 
-    def bhtd(self, n: int | None, dim: str | None) -> torch.Tensor | None:
-        """A scan operand as [B, H, T, D]: a vector over `dim`, or a scalar as one column."""
+    def operand(self, n: int | None, dim: str | None) -> torch.Tensor | None:
+        """A scan operand as [B, T, H, D]: a vector over `dim`, or a scalar as one column."""
         if n is None:
             return None
         x = self.env[n]
         if not self.g.dims_of(n):
-            return x.unsqueeze(-1).expand(self.B, self.T, self.call.heads, 1).transpose(1, 2)
-        return x.expand(self.B, self.T, self.call.heads, self.call.sizes[dim]).transpose(1, 2)
+            return x.unsqueeze(-1).expand(self.B, self.T, self.call.heads, 1)
+        return x.expand(self.B, self.T, self.call.heads, self.call.sizes[dim])
 
     def scan(self, s: Scan) -> None:
         sizes = self.call.sizes
-        K = sizes[s.key_dim]
-        a = self.bhtd(s.write_key, s.key_dim).expand(-1, -1, -1, K)
+        a = self.operand(s.write_key, s.key_dim).expand(-1, -1, -1, sizes[s.key_dim])
         if s.value_dim is None:
             b = a.new_ones(*a.shape[:3], 1)
         else:
-            b = self.bhtd(s.write_value, s.value_dim).expand(-1, -1, -1, sizes[s.value_dim])
-        c = self.bhtd(s.erase_key, s.key_dim)
-        c = c.expand_as(a) if c is not None else a.new_zeros(0)
-        gk = gv = None
-        if s.decay == "value":
-            gv = self.bhtd(s.log_decay, s.value_dim)
-        else:
-            gk = self.bhtd(s.log_decay, s.key_dim) if s.log_decay is not None else a.new_zeros(*a.shape[:3], 1)
-        g_ = gk if gk is not None else gv
-        qs = [self.bhtd(r.query, s.key_dim).expand_as(a) for r in s.reads]
+            b = self.operand(s.write_value, s.value_dim).expand(-1, -1, -1, sizes[s.value_dim])
+        c = self.operand(s.erase_key, s.key_dim)
+        side = "value" if s.decay == "value" else "key"
+        g = self.operand(s.log_decay, s.value_dim if side == "value" else s.key_dim)
         h0 = self.call.initial_state[s.state]
-        h0 = h0.unsqueeze(-1) if s.value_dim is None else h0
-        modes = [(r.decayed, r.written) for r in s.reads]
-        chunk = self.c.plan.chunk[s.state]
-        key_side = gv is None
-        delta = s.erase_key is not None
-
-        def one(h, a, b, c, g, *q):
-            reads = [(x, dec, wr) for x, (dec, wr) in zip(q, modes)]
-            return chunk_scan(a, b, c if delta else None, g if key_side else None, None if key_side else g, reads, h, chunk)
-
-        if self.segments is None:
-            results = [one(h0, a, b, c, g_, *qs)]
-        else:
-            results = [one(h0[i : i + 1], *(x.narrow(2, st, e - st) for x in (a, b, c if delta else a, g_, *qs)))
-                       for i, (st, e) in enumerate(self.segments)]  # fmt: skip
-        for i, r in enumerate(s.reads):
-            o = torch.cat([res[0][i] for res in results], 2).transpose(1, 2)  # [B, T, H, V]
+        ops = ScanOperands(
+            a=a, b=b, c=c.expand_as(a) if c is not None else None, g=g, side=side,
+            reads=[(self.operand(r.query, s.key_dim).expand_as(a), r.decayed, r.written) for r in s.reads],
+            h0=h0.unsqueeze(-1) if s.value_dim is None else h0,
+            cu_seqlens=self.call.cu_seqlens, chunk=self.c.plan.chunk[s.state],
+        )  # fmt: skip
+        outs, S = self.scan_impl(ops)
+        for r, o in zip(s.reads, outs):
             self.env[r.node] = o.squeeze(-1) if s.value_dim is None else o
-        S = torch.cat([res[1] for res in results], 0)
         self.finals[s.state] = S.squeeze(-1) if s.value_dim is None else S
 
 
-def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor]]:
+@dataclass
+class ScanOperands:
+    """One state's scan, every per-token operand as [B, T, H, D] (D = 1 for a scalar)."""
+
+    a: torch.Tensor  # write key [.., K]
+    b: torch.Tensor  # write value [.., V]
+    c: torch.Tensor | None  # erase key [.., K] (delta rule), None for additive
+    g: torch.Tensor | None  # log decay [.., 1 or K] on the key side, [.., V] on the value side
+    side: str  # "key" | "value"
+    reads: list[tuple[torch.Tensor, bool, bool]]  # (query [.., K], decayed, written)
+    h0: torch.Tensor  # [N, H, K, V]
+    cu_seqlens: torch.Tensor | None
+    chunk: int
+
+
+def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The chunked scan in PyTorch, one sequence at a time when packed: ([o per read], final state)."""
+    a = ops.a
+    g = ops.g if ops.g is not None else a.new_zeros(*a.shape[:3], 1)
+    modes = [(dec, wr) for _, dec, wr in ops.reads]
+
+    def one(h0, a, b, c, g, *qs):
+        t = [x.transpose(1, 2) for x in (a, b, c, g, *qs)]  # -> [B, H, T, D]
+        reads = [(q, dec, wr) for q, (dec, wr) in zip(t[4:], modes)]
+        gk, gv = (t[3], None) if ops.side == "key" else (None, t[3])
+        return chunk_scan(t[0], t[1], t[2] if ops.c is not None else None, gk, gv, reads, h0, ops.chunk)
+
+    c = ops.c if ops.c is not None else a
+    qs = [q for q, _, _ in ops.reads]
+    if ops.cu_seqlens is None:
+        results = [one(ops.h0, a, ops.b, c, g, *qs)]
+    else:
+        cu = ops.cu_seqlens.tolist()
+        results = [one(ops.h0[i : i + 1], *(x[:, s:e] for x in (a, ops.b, c, g, *qs))) for i, (s, e) in enumerate(zip(cu[:-1], cu[1:]))]
+    outs = [torch.cat([r[0][i] for r in results], 2).transpose(1, 2) for i in range(len(qs))]
+    return outs, torch.cat([r[1] for r in results], 0)
+
+
+def run(compiled: Compiled, call: Call, scan_impl=torch_scan) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """o [B, T, H, V] and the final states [N, H, *dims], in the compute dtype."""
-    ev = _Evaluator(compiled, call)
+    ev = _Evaluator(compiled, call, scan_impl)
     ev.run()
     return ev.env[compiled.graph.output], [ev.finals[n] for n in compiled.graph.states]
