@@ -1,0 +1,197 @@
+"""Generated Triton kernels: each scan the templates cover runs as rendered kernels, the rest of
+the plan (per-token work, statistics, side branches) as in the torch backend.
+
+A scan's kernels are rendered from templates/<family>.py.jinja for its classification (decay
+kind, read position), written once to a cache folder keyed by the source's hash, and imported
+from there (Triton's JIT reads kernel source from files).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+import torch
+
+from ..call import Call
+from ..compiler import Compiled
+from . import torch as torch_backend
+from .torch import ScanOperands
+
+TEMPLATE_VERSION = 1
+_ACC = {torch.float32: "float32", torch.float64: "float64"}  # state and accumulator precision
+
+
+def unsupported(compiled: Compiled) -> list[str]:
+    """Why a spec's scans cannot all run on the templates (empty when they can)."""
+    reasons = []
+    for s in compiled.classification.scans:
+        if s.rule != "additive":
+            reasons.append(f"state {s.state}: the {s.rule} rule has no Triton template yet")
+        elif s.decay == "value":
+            reasons.append(f"state {s.state}: a decay along the value dim has no Triton template yet")
+        elif len(s.reads) > 1:
+            reasons.append(f"state {s.state}: more than one read of one state has no Triton template yet")
+    return reasons
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    root = resources.files("lamixer").joinpath("templates")
+    return jinja2.Environment(loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)  # fmt: skip
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("LAMIXER_CACHE", Path.home() / ".cache" / "lamixer")) / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def render(family: str, **config) -> str:
+    name = f"{family}_" + "_".join(str(v) for v in config.values())
+    return _environment().get_template(f"{family}.py.jinja").render(name=name, **config)
+
+
+@functools.cache
+def kernels(family: str, **config):
+    """The module of rendered kernels for one configuration (written atomically, imported once)."""
+    source = render(family, **config)
+    digest = hashlib.sha256(f"{TEMPLATE_VERSION}\n{source}".encode()).hexdigest()[:16]
+    path = cache_dir() / f"{family}_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"lamixer_kernels_{family}_{digest}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.NAME = f"{family}_" + "_".join(str(v) for v in config.values())
+    return module
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _read_mode(decayed: bool, written: bool) -> str:
+    return "after" if written else ("mid" if decayed else "before")
+
+
+def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, int]]:
+    """(batch row, start, end) of each sequence."""
+    if cu is None:
+        return [(b, 0, T) for b in range(B)]
+    offs = cu.tolist()
+    return [(0, s, e) for s, e in zip(offs[:-1], offs[1:])]
+
+
+def _reverse_cumsum(x: torch.Tensor, cu: torch.Tensor | None) -> torch.Tensor:
+    """Suffix sums along time ([B, T, H, D]), restarting at each packed sequence."""
+    if cu is None:
+        return x.flip(1).cumsum(1).flip(1)
+    return torch.cat([x[:, s:e].flip(1).cumsum(1).flip(1) for _, s, e in _segments(cu, 1, x.shape[1])], 1)
+
+
+class AdditiveScan(torch.autograd.Function):
+    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = q_t^T S_read(t), on rendered kernels."""
+
+    @staticmethod
+    def forward(ctx, q, a, b, g, h0, cu_seqlens, decay: str, read: str, BT: int):
+        mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+        B, T, H, K = a.shape
+        V = b.shape[-1]
+        N = B if cu_seqlens is None else len(cu_seqlens) - 1
+        o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+        ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
+        BK, BV = _pow2(K), min(64, _pow2(V))
+        getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, BV), N * H)](
+            q, a, b, g, h0, o, ht, cu_seqlens, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+            USE_H0=h0 is not None, STORE_HT=True, IS_VARLEN=cu_seqlens is not None, PRECISION="ieee",
+        )  # fmt: skip
+        ctx.save_for_backward(q, a, b, g, h0, cu_seqlens, ht)
+        ctx.config = (decay, read, BT)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, a, b, g, h0, cu_seqlens, ht = ctx.saved_tensors
+        decay, read, BT = ctx.config
+        mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+        B, T, H, K = a.shape
+        V = b.shape[-1]
+        N = B if cu_seqlens is None else len(cu_seqlens) - 1
+        do = do.contiguous()
+        varlen = cu_seqlens is not None
+        dq = torch.empty_like(q)
+        BKq = min(64, _pow2(K))
+        getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, BKq), N * H)](
+            q, a, b, g, h0, do, dq, cu_seqlens, T, H=H, K=K, V=V, BT=BT, BK=BKq, BV=_pow2(V),
+            USE_H0=h0 is not None, IS_VARLEN=varlen, PRECISION="ieee",
+        )  # fmt: skip
+        BV = min(64, _pow2(V))
+        NV = triton_cdiv(V, BV)
+        da = torch.empty(NV, B, T, H, K, dtype=h0.dtype, device=a.device)
+        db = torch.empty_like(b)
+        dh0 = torch.empty_like(h0)
+        getattr(mod, f"{mod.NAME}_bwd_kernel_dab")[(NV, N * H)](
+            q, a, b, g, do, dht, da, db, dh0, cu_seqlens, T, B * T * H * K, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
+            USE_DHT=dht is not None, STORE_DH0=h0 is not None, IS_VARLEN=varlen, PRECISION="ieee",
+        )  # fmt: skip
+        da = da.sum(0)
+        dg = None
+        if g is not None and ctx.needs_input_grad[3]:
+            dg = _decay_grad(q, dq, a, da, ht, dht, cu_seqlens, read, decay).to(g.dtype)
+        return dq, da.to(a.dtype), db, dg, dh0, None, None, None, None
+
+
+def _decay_grad(q, dq, a, da, ht, dht, cu, read, decay) -> torch.Tensor:
+    """d(log decay): suffix sums of q*dq (at the read's position) - a*da, plus the final state's own term."""
+    acc = ht.dtype
+    qdq = q.to(acc) * dq.to(acc)
+    if read == "before":  # the read at i sees the decay through i - 1
+        qdq = torch.cat([qdq[:, 1:], torch.zeros_like(qdq[:, :1])], 1)
+        if cu is not None:
+            for _, s, e in _segments(cu, 1, q.shape[1]):
+                qdq[:, e - 1] = 0
+    x = qdq - a.to(acc) * da.to(acc)
+    if dht is not None:
+        last = (dht * ht).sum(-1)  # [N, H, K]
+        for i, (b, _, e) in enumerate(_segments(cu, q.shape[0], q.shape[1])):
+            x[b, e - 1] += last[i]
+    if decay == "scalar":
+        x = x.sum(-1)
+    return _reverse_cumsum(x, cu)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The scan on generated kernels: q, a, b contiguous [B, T, H, D] in `dtype`; decay and state in float32
+    (float64 when the inputs are)."""
+    ((q, decayed, written),) = ops.reads
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if ops.g is None:
+        decay, g = "none", None
+    elif ops.g.shape[-1] == 1:
+        decay, g = "scalar", ops.g[..., 0].to(acc).contiguous()
+    else:
+        decay, g = "vector", ops.g.to(acc).contiguous()
+    BT = 16 if decay == "vector" else 64
+    a, b, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, q))
+    h0 = ops.h0.to(acc).contiguous()
+    o, ht = AdditiveScan.apply(q, a, b, g, h0, ops.cu_seqlens, decay, _read_mode(decayed, written), BT)
+    return [o.to(ops.b.dtype)], ht
+
+
+def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
+    return torch_backend.run(compiled, call, scan_impl=functools.partial(triton_scan, dtype=dtype))
