@@ -71,6 +71,7 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
     device = tensors[first.name].device
     lead: tuple[int, int, int] | None = None
     sizes: dict[str, int] = {}
+    size_from: dict[str, str] = {}  # dim -> the operand that set its size
     for op in g.operands:
         x = tensors[op.name]
         if x.device != device:
@@ -92,7 +93,8 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
             feat = x.shape[1:] if op.per_head else x.shape
         for d, n in zip(op.dims, feat):
             if sizes.setdefault(d, n) != n:
-                raise ArgumentError(op.name, f"has {d} = {n}, but another input has {d} = {sizes[d]}")
+                raise ArgumentError(op.name, f"has {d} = {n}, but '{size_from[d]}' has {d} = {sizes[d]}")
+            size_from.setdefault(d, op.name)
     if lead is None:
         raise ArgumentError(first.name, "the mixer has no per-token input")
     B, T, H = lead
@@ -121,9 +123,12 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
     else:
         if not g.uses_scale:
             raise ArgumentError("scale", f"{compiled.name} does not use a scale")
-        if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(float(scale)):
+        try:
+            scale_value = float(scale) if isinstance(scale, numbers.Real) and not isinstance(scale, bool) else math.nan
+        except OverflowError:  # an int or Fraction too large for a float
+            scale_value = math.inf
+        if not math.isfinite(scale_value):
             raise ArgumentError("scale", f"must be a finite number, got {scale!r}")
-        scale_value = float(scale)
 
     states = _check_states(compiled, initial_state, N, H, sizes, device, compute_dtype)
     inputs = {name: x.to(compute_dtype) for name, x in tensors.items()}
@@ -133,6 +138,8 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
 def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
     g = compiled.graph
     if g.scale_default is None:
+        if not g.states:  # then the spec does not use scale (the compiler requires a default otherwise)
+            return 1.0
         first_state = next(iter(g.states.values()))
         return sizes[first_state.dims[0]] ** -0.5
     values: dict[int, torch.Tensor] = {}
@@ -146,7 +153,11 @@ def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
                 values[n] = torch.tensor(float(sizes[d["name"]]), dtype=torch.float64)
             else:
                 values[n] = ops.apply(d, [values[a] for a in d["args"]], [() for _ in d["args"]])
-    return float(values[g.scale_default])
+    value = float(values[g.scale_default])
+    if not math.isfinite(value) and g.uses_scale:
+        sizes_text = ", ".join(f"{d} = {n}" for d, n in sizes.items())
+        raise ArgumentError("scale", f"the default scale of {compiled.name} is {value} for {sizes_text}; pass a finite scale=")
+    return value
 
 
 def _check_cu_seqlens(cu, B: int, T: int, device) -> torch.Tensor:

@@ -43,11 +43,13 @@ def sample(domain: tuple[float, float], shape, gate: str, gen: torch.Generator, 
 
 
 def random_call(mixer: Mixer, B: int = 2, T: int = 37, H: int = 2, size: int = 8, gate: str = "normal", seed: int = 0,
-                dtype=torch.float64, initial_state: bool = True, cu_seqlens: list[int] | None = None, device="cpu"):  # fmt: skip
-    """Random tensors (by name) and initial states for a mixer; every declared dim gets `size` unless it differs per dim."""
+                dtype=torch.float64, initial_state: bool = True, cu_seqlens: list[int] | None = None, device="cpu",
+                distinct: bool = True):  # fmt: skip
+    """Random tensors (by name) and initial states for a mixer. Every declared dim gets `size`, plus its index
+    when `distinct` (different sizes catch transposed dims)."""
     g = mixer.compiled.graph
     gen = torch.Generator().manual_seed(seed)
-    sizes = {d: size + i for i, d in enumerate(g.dims)}  # distinct sizes catch transposed dims
+    sizes = {d: size + (i if distinct else 0) for i, d in enumerate(g.dims)}
     if cu_seqlens is not None:
         B, T = 1, cu_seqlens[-1]
     tensors = {}
@@ -59,7 +61,7 @@ def random_call(mixer: Mixer, B: int = 2, T: int = 37, H: int = 2, size: int = 8
     states = None
     if initial_state:
         N = B if cu_seqlens is None else len(cu_seqlens) - 1
-        states = tuple(torch.randn(N, H, *[sizes[d] for d in s.dims], generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+        states = tuple(sample(s.domain, (N, H, *[sizes[d] for d in s.dims]), "normal", gen, torch.float64).to(dtype=dtype, device=device)
                        for s in g.states.values())  # fmt: skip
     return tensors, states
 

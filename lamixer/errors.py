@@ -30,7 +30,7 @@ class SpecError(LamixerError):
         if self.loc is None:
             return f"{self.filename}: {self.message}"
         head = f"{self.filename}:{self.loc.line}:{self.loc.col}: {self.message}"
-        lines = self.source.splitlines()
+        lines = self.source.split("\n")  # as the parser counts lines (splitlines would also split at \f)
         if not 1 <= self.loc.line <= len(lines):
             return head
         text = lines[self.loc.line - 1].expandtabs(1)

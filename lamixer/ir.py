@@ -50,6 +50,7 @@ class StateInfo:
     name: str
     dims: tuple[str, ...]
     loc: Loc
+    domain: tuple[float, float] = (float("-inf"), float("inf"))
 
 
 @dataclass

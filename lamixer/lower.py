@@ -26,6 +26,7 @@ class _Lowerer:
         self.dim_nodes: dict[str, int] = {}
         self.assigned: set[str] = set()
         self.out_seen: Loc | None = None
+        self.scale_seen: Loc | None = None
 
     # ---- helpers ----
     def err(self, message: str, loc: Loc) -> SpecError:
@@ -42,11 +43,11 @@ class _Lowerer:
         self.kinds[name] = (kind, loc)
 
     def check_shape(self, shape: S.Shape, allow_head: bool, max_dims: int, what: str, loc: Loc) -> None:
-        if len(shape.dims) > max_dims + (1 if allow_head and shape.dims[:1] == (ir.HEAD_DIM,) else 0):
-            raise self.err(f"{what} may have at most {max_dims} dim{'s' if max_dims != 1 else ''}, got {_fmt(shape.dims)}", loc)
         seen: set[str] = set()
         for i, (d, dloc) in enumerate(zip(shape.dims, shape.locs)):
             if d == ir.HEAD_DIM:
+                if what.startswith("input"):
+                    raise self.err("an input is per head already (laid out [B, T, H, ...]): drop H from its shape", dloc)
                 if not (allow_head and i == 0):
                     raise self.err("the head dim H may only lead a param's shape", dloc)
             elif d not in self.graph.dims:
@@ -55,6 +56,8 @@ class _Lowerer:
             if d in seen:
                 raise self.err(f"dim '{d}' appears twice in {_fmt(shape.dims)}", dloc)
             seen.add(d)
+        if len(shape.dims) > max_dims + (1 if allow_head and shape.dims[:1] == (ir.HEAD_DIM,) else 0):
+            raise self.err(f"{what} may have at most {max_dims} dim{'s' if max_dims != 1 else ''}, got {_fmt(shape.dims)}", loc)
 
     @staticmethod
     def _hint(name: str, candidates) -> str:
@@ -71,7 +74,7 @@ class _Lowerer:
             return db
         if set(db) <= set(da):
             return da
-        extra = " (use outer(a, b) for an outer product)" if fn == "mul" else ""
+        extra = " (use outer(a, b) for an outer product)" if fn == "mul" and len(da) == len(db) == 1 else ""
         raise self.err(f"cannot combine values of dims {_fmt(da)} and {_fmt(db)} with '{fn}'{extra}", loc)
 
     def matmul_dims(self, a: int, b: int, loc: Loc) -> tuple[str, ...]:
@@ -107,6 +110,7 @@ class _Lowerer:
             return self.add("head", (), (), e.loc)
         if e.id == "scale":
             self.graph.uses_scale = True
+            self.scale_seen = self.scale_seen or e.loc
             return self.add("scale", (), (), e.loc)
         if e.id == ir.HEAD_DIM or e.id in self.graph.dims:
             return self.add("dim", (), (), e.loc, name=e.id)
@@ -115,6 +119,9 @@ class _Lowerer:
         if e.id in CALLS or e.id in ir.STAT:
             raise self.err(f"'{e.id}' is a function; call it as {e.id}(...)", e.loc)
         hint = self._hint(e.id, list(self.env) + list(self.graph.dims))
+        later = next((st.loc for st in self.spec.statements if not isinstance(st, S.Assign) and getattr(st, "name", None) == e.id), None)
+        if later is not None and e.id not in self.kinds:
+            raise self.err(f"'{e.id}' is used before it is defined (at line {later.line})", e.loc)
         if e.id in self.kinds:
             raise self.err(f"'{e.id}' is used before it is defined{hint}", e.loc)
         raise self.err(f"unknown name '{e.id}'{hint}", e.loc)
@@ -192,6 +199,11 @@ class _Lowerer:
             self.statement(st)
         if g.output is None:
             raise self.err("the mixer has no output: add `out o = ...`", self.spec.loc)
+        if not any(op.kind == "input" for op in g.operands):
+            raise self.err("the mixer has no per-token input: declare one with `input x[K]`", self.spec.loc)
+        if self.scale_seen is not None and g.scale_default is None and not g.states:
+            raise self.err("`scale` has no default: it is K ** -0.5 for the first state's K, and there is no state; "
+                           "add `default scale = ...`", self.scale_seen)  # fmt: skip
         for name, info in g.states.items():
             if name not in self.assigned:
                 raise self.err(f"state '{name}' is never updated", info.loc)
@@ -229,7 +241,7 @@ class _Lowerer:
             self.check_shape(st.shape, allow_head=False, max_dims=2, what=f"state '{st.name}'", loc=st.loc)
             if not st.shape.dims:
                 raise self.err(f"state '{st.name}' needs one or two dims, e.g. [K, V]", st.loc)
-            g.states[st.name] = ir.StateInfo(st.name, st.shape.dims, st.loc)
+            g.states[st.name] = ir.StateInfo(st.name, st.shape.dims, st.loc, st.domain)
             self.env[st.name] = g.state_in[st.name] = self.add("state_in", (), st.shape.dims, st.loc, name=st.name)
         elif isinstance(st, S.Default):
             if st.name != "scale":

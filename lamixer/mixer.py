@@ -53,7 +53,7 @@ class Mixer:
     def __call__(self, *tensors, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
                  backend: str = "auto", **named):  # fmt: skip
         """o, final_state = mixer(q, k, v, ...). final_state is None unless output_final_state; a tuple for several states."""
-        if backend not in BACKENDS:
+        if not isinstance(backend, str) or backend not in BACKENDS:
             raise ArgumentError("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if not isinstance(output_final_state, bool):
             raise ArgumentError("output_final_state", f"must be True or False, got {output_final_state!r}")
@@ -89,6 +89,10 @@ def _compile_cached(source: str, filename: str) -> Compiled:
 
 def loads(source: str, filename: str = "<spec>") -> Mixer:
     """A mixer from spec text."""
+    if not isinstance(source, str):
+        raise ArgumentError("source", f"spec text must be a string, got {type(source).__name__}")
+    if not isinstance(filename, str):
+        raise ArgumentError("filename", f"must be a string, got {type(filename).__name__}")
     return Mixer(_compile_cached(source, filename))
 
 

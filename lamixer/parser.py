@@ -111,7 +111,8 @@ class _ToAst(Transformer):
         return S.ParamDecl(str(c[0]), c[1], _loc(c[0]))
 
     def state_item(self, meta, c):
-        return S.StateDecl(str(c[0]), c[1], _loc(c[0]))
+        domain = c[2] if c[2] is not None else (float("-inf"), float("inf"))
+        return S.StateDecl(str(c[0]), c[1], domain, _loc(c[0]))
 
     def _items(self, meta, c):
         return list(c)
@@ -148,10 +149,34 @@ class _ToAst(Transformer):
         return S.Spec(name, title, statements, loc=loc)
 
 
+_TERMINAL_WORDS = {"NAME": "a name", "NUMBER": "a number", "SIGNED_NUMBER": "a number", "INT": "a whole number",
+                   "STRING": "a quoted title", "_NL": "end of line", "$END": "end of input"}  # fmt: skip
+
+
+def _describe_terminal(name: str) -> str:
+    if name in _TERMINAL_WORDS:
+        return _TERMINAL_WORDS[name]
+    term = next((t for t in _parser().terminals if t.name == name), None)
+    if term is not None and isinstance(term.pattern, lark.lexer.PatternStr):
+        return repr(term.pattern.value)
+    return name.lower()
+
+
 def _describe_expected(expected: set[str]) -> str:
-    names = sorted(expected)
-    shown = ", ".join(n.lower() if not n.startswith("_") else "newline" for n in names[:8])
-    return shown + (", ..." if len(names) > 8 else "")
+    shown = sorted({_describe_terminal(n) for n in expected}, key=lambda w: (w[0] != "'", w))
+    return ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "")
+
+
+def _deepest(tree) -> Loc:
+    """Where the most deeply nested part of a parse tree starts (found without recursion)."""
+    best, stack = (0, tree), [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > best[0]:
+            best = (depth, node)
+        if isinstance(node, lark.Tree):
+            stack.extend((c, depth + 1) for c in node.children if isinstance(c, (lark.Tree, Token)))
+    return _loc(best[1])
 
 
 def parse(source: str, filename: str = "<spec>") -> S.Spec:
@@ -161,6 +186,7 @@ def parse(source: str, filename: str = "<spec>") -> S.Spec:
     if len(source) > MAX_SOURCE_CHARS:
         raise SpecError(f"spec is longer than {MAX_SOURCE_CHARS} characters", None, "", filename)
     text = source if source.endswith("\n") else source + "\n"
+    tree = None
     try:
         tree = _parser().parse(text)
         spec = _ToAst().transform(tree)
@@ -177,8 +203,10 @@ def parse(source: str, filename: str = "<spec>") -> S.Spec:
     except lark.exceptions.VisitError as e:
         if isinstance(e.orig_exc, SpecError):
             raise e.orig_exc.located(source, filename) from None
+        if isinstance(e.orig_exc, RecursionError):  # raised inside a callback, so lark wrapped it
+            raise SpecError("expression nested too deeply", _deepest(tree), source, filename) from None
         raise
     except RecursionError:
-        raise SpecError("expression nested too deeply", None, source, filename) from None
+        raise SpecError("expression nested too deeply", _deepest(tree), source, filename) from None
     spec.source, spec.filename = source, filename
     return spec

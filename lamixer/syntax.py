@@ -77,6 +77,7 @@ class ParamDecl:
 class StateDecl:
     name: str
     shape: Shape
+    domain: tuple[float, float]
     loc: Loc
 
 

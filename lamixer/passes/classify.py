@@ -97,6 +97,8 @@ class _StateAnalysis:
                 steps = self.chain(base)
                 if steps is not None and not self.depends(f):
                     return steps + [("decay", n, f, base)]
+                if steps is not None:
+                    raise self.err(f"the decay of '{self.name}' depends on '{self.name}' itself; a decay must be free of the state", n)
             return None
         if fn in ("add", "sub"):
             left, right = self.chain(a), self.chain(b) if fn == "add" else None
@@ -111,6 +113,11 @@ class _StateAnalysis:
     def as_outer(self, w: int) -> tuple[int, int]:
         """(a, b) with w == outer(a, b), pushing scalar and per-dim factors onto the vectors."""
         g, loc = self.g, self.g.node(w)["loc"]
+        if len(self.dims) == 2 and g.dims_of(w) == self.dims[::-1]:
+            raise self.err(f"the write to '{self.name}' has dims [{', '.join(g.dims_of(w))}], transposed from the "
+                           f"state's [{', '.join(self.dims)}]: swap the arguments of outer()", w)  # fmt: skip
+        if g.is_fn(w, "binary", "sub") and g.is_fn(g.args(w)[0], "const") and g.node(g.args(w)[0])["value"] == 0:
+            raise self.err(f"the write to '{self.name}' is a negated outer product; add outer(-a, b) instead", w)
         if g.op(w) == "outer":
             a, b = g.args(w)
             return a, b
@@ -135,6 +142,9 @@ class _StateAnalysis:
         if op == "matmul" and g.args(n)[1] == base and not self.depends(g.args(n)[0]):
             self.consumed.add(n)
             return None, g.args(n)[0]
+        if op == "matmul" and g.args(n)[1] == self.s_in and base != self.s_in:
+            raise self.err(f"the delta rule must read '{self.name}' after its decay: decay in a statement of its own, "
+                           f"`{self.name} = decay * {self.name}`, then write", n)  # fmt: skip
         if op == "binary" and g.node(n)["fn"] in ("add", "sub", "mul", "div"):
             fn, (x, y) = g.node(n)["fn"], g.args(n)
             if fn in ("add", "sub"):
@@ -168,12 +178,14 @@ class _StateAnalysis:
             loc = g.node(f)["loc"]
             logs.append(g.args(f)[0] if g.is_fn(f, "unary", "exp") else g.add("unary", (f,), g.dims_of(f), loc, fn="log"))
         total = None
-        for lg in logs:
+        for f, lg in zip(factors, logs, strict=True):  # errors point at the decay factor as written, not at what it is made of
+            if len(g.dims_of(lg)) == 2:
+                raise self.err(f"'{self.name}' decays along both of its dims; the IR lowers a decay along one dim only", f)
             if total is None:
                 total = lg
             else:
                 if set(g.dims_of(total)) != set(g.dims_of(lg)) and g.dims_of(total) and g.dims_of(lg):
-                    raise self.err(f"'{self.name}' decays along two different dims in one token", lg)
+                    raise self.err(f"'{self.name}' decays along two different dims in one token", f)
                 dims = g.dims_of(total) if len(g.dims_of(total)) >= len(g.dims_of(lg)) else g.dims_of(lg)
                 total = g.add("binary", (total, lg), dims, g.node(lg)["loc"], fn="add")
         return total
@@ -209,7 +221,7 @@ class _StateAnalysis:
                 f"`{self.name} = decay * {self.name} + outer(a, b)` (decay optional)", final)  # fmt: skip
         writes = [s for s in steps if s[0].startswith("write")]
         if not writes:
-            raise self.err(f"state '{self.name}' is decayed but never written", final)
+            raise self.err(f"state '{self.name}' is {'decayed but ' if steps else ''}never written", final)
         if len(writes) > 1:
             raise self.err(f"state '{self.name}' is written twice in one token; write once per token", writes[1][1])
         widx = steps.index(writes[0])
@@ -256,8 +268,24 @@ class _StateAnalysis:
 
 
 def classify(g: ir.Graph) -> Classification:
-    scans = {name: _StateAnalysis(g, name).run() for name in g.states}
+    analyses = {name: _StateAnalysis(g, name) for name in g.states}
+    scans = {name: a.run() for name, a in analyses.items()}
     read_of = {r.node: s.state for s in scans.values() for r in s.reads}
+    # a read folded into a delta-rule write (c @ S) is not computed on its own, so nothing else may use it:
+    # walk what the kernels evaluate (the output and the scans' inputs, stopping at reads, which scans compute)
+    erase_read = {n: name for name, a in analyses.items() for n in a.consumed}
+    stack, seen = [g.output, *(n for s in scans.values() for n in s.inputs())], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in erase_read:
+            raise SpecError(f"this read of '{erase_read[n]}' is the erase term of its delta-rule write and cannot also "
+                            f"be used elsewhere; read the state again (x @ {erase_read[n]}) for the other use",
+                            g.node(n)["loc"])  # fmt: skip
+        if n not in read_of:
+            stack.extend(g.args(n))
     # scan-level dependencies: a scan depends on the scans whose reads reach its inputs
     deps = nx.DiGraph()
     deps.add_nodes_from(scans)
