@@ -10,8 +10,8 @@ import networkx as nx
 import torch
 
 from .. import ops
-from ..compiler import Compiled
 from ..call import Call
+from ..compiler import Compiled
 
 
 class _Token:

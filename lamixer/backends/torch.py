@@ -124,6 +124,7 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
 def block_attention(q, k, v, scale, size: int) -> torch.Tensor:
     """Causal softmax attention within blocks of `size` tokens: [B, T, H, D] -> [B, T, H, Dv]."""
     B, T, H, _ = q.shape
+    size = min(size, T)  # blocks start at the first token: a block longer than the sequence is the sequence
     nb = -(-T // size)
 
     def blocks(x):

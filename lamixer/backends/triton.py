@@ -24,6 +24,7 @@ from . import torch as torch_backend
 from .torch import ScanOperands
 
 TEMPLATE_VERSION = 1
+SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
 _ACC = {torch.float32: "float32", torch.float64: "float64"}  # state and accumulator precision
 
 
@@ -92,13 +93,6 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
     return [(0, s, e) for s, e in zip(offs[:-1], offs[1:])]
 
 
-def _reverse_cumsum(x: torch.Tensor, cu: torch.Tensor | None) -> torch.Tensor:
-    """Suffix sums along time ([B, T, H, D]), restarting at each packed sequence."""
-    if cu is None:
-        return x.flip(1).cumsum(1).flip(1)
-    return torch.cat([x[:, s:e].flip(1).cumsum(1).flip(1) for _, s, e in _segments(cu, 1, x.shape[1])], 1)
-
-
 class AdditiveScan(torch.autograd.Function):
     """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = q_t^T S_read(t), on rendered kernels."""
 
@@ -113,7 +107,7 @@ class AdditiveScan(torch.autograd.Function):
         BK, BV = _pow2(K), min(64, _pow2(V))
         getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, BV), N * H)](
             q, a, b, g, h0, o, ht, cu_seqlens, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            USE_H0=h0 is not None, STORE_HT=True, IS_VARLEN=cu_seqlens is not None, PRECISION="ieee",
+            USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None, PRECISION="ieee", **_launch(decay),
         )  # fmt: skip
         ctx.save_for_backward(q, a, b, g, h0, cu_seqlens, ht)
         ctx.config = (decay, read, BT)
@@ -129,45 +123,82 @@ class AdditiveScan(torch.autograd.Function):
         N = B if cu_seqlens is None else len(cu_seqlens) - 1
         do = do.contiguous()
         varlen = cu_seqlens is not None
-        dq = torch.empty_like(q)
+        acc = h0.dtype
+        longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        NS = triton_cdiv(longest, SEGMENT)
+        hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if decay != "none" else None
+        dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
         BKq = min(64, _pow2(K))
         getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, BKq), N * H)](
-            q, a, b, g, h0, do, dq, cu_seqlens, T, H=H, K=K, V=V, BT=BT, BK=BKq, BV=_pow2(V),
-            USE_H0=h0 is not None, IS_VARLEN=varlen, PRECISION="ieee",
+            q, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=BT, BK=BKq, BV=_pow2(V), P=SEGMENT,
+            USE_H0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(decay),
         )  # fmt: skip
         BV = min(64, _pow2(V))
         NV = triton_cdiv(V, BV)
-        da = torch.empty(NV, B, T, H, K, dtype=h0.dtype, device=a.device)
+        da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
+        dgs = torch.empty(NV, N, NS, H, K, dtype=acc, device=a.device) if decay != "none" else None
         db = torch.empty_like(b)
         dh0 = torch.empty_like(h0)
         getattr(mod, f"{mod.NAME}_bwd_kernel_dab")[(NV, N * H)](
-            q, a, b, g, do, dht, da, db, dh0, cu_seqlens, T, B * T * H * K, H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV,
-            USE_DHT=dht is not None, STORE_DH0=h0 is not None, IS_VARLEN=varlen, PRECISION="ieee",
+            q, a, b, g, do, dht, da, db, dh0, hs, dgs, cu_seqlens, T, NS, B * T * H * K, N * NS * H * K,
+            H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV, P=SEGMENT,
+            USE_DHT=dht is not None, STORE_DH0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc),
+            **_launch(decay),
         )  # fmt: skip
         da = da.sum(0)
         dg = None
         if g is not None and ctx.needs_input_grad[3]:
-            dg = _decay_grad(q, dq, a, da, ht, dht, cu_seqlens, read, decay).to(g.dtype)
-        return dq, da.to(a.dtype), db, dg, dh0, None, None, None, None
+            dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
+        return dq.to(q.dtype), da.to(a.dtype), db, dg, dh0, None, None, None, None
 
 
-def _decay_grad(q, dq, a, da, ht, dht, cu, read, decay) -> torch.Tensor:
-    """d(log decay): suffix sums of q*dq (at the read's position) - a*da, plus the final state's own term."""
-    acc = ht.dtype
+def _acc_precision(acc: torch.dtype) -> str:
+    return "ieee" if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1" else "tf32x3"
+
+
+def _launch(decay: str) -> dict:
+    # a per-dim decay materialises [BT, BT, BK] weights: more warps to hold them; one stage keeps shared memory small
+    return dict(num_warps=8 if decay == "vector" else 4, num_stages=1)
+
+
+def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
+    """Suffix sums along time within each segment of SEGMENT tokens (segments restart at every sequence)."""
+    def within(y):  # y: [B, L, H, D]
+        B, L = y.shape[:2]
+        pad = (-L) % SEGMENT
+        y = torch.nn.functional.pad(y, (0, 0, 0, 0, 0, pad)).reshape(B, -1, SEGMENT, *y.shape[2:])
+        return y.flip(2).cumsum(2).flip(2).reshape(B, -1, *y.shape[3:])[:, :L]
+
+    if cu is None:
+        return within(x)
+    return torch.cat([within(x[:, s:e]) for _, s, e in _segments(cu, 1, x.shape[1])], 1)
+
+
+def _decay_grad(q, dq, a, da, dgs, cu, read, decay) -> torch.Tensor:
+    """d(log decay) of each token: within its segment of SEGMENT tokens, the suffix sum of q*dq (at the read's
+    position) - a*da, plus the segment's whole-decay term sum_v dS_end * S_end (dgs [N, NS, H, K]).
+
+    Summing only within segments keeps the rounding of dq and da from accumulating over the sequence.
+    """
+    acc = dgs.dtype
     qdq = q.to(acc) * dq.to(acc)
-    if read == "before":  # the read at i sees the decay through i - 1
-        qdq = torch.cat([qdq[:, 1:], torch.zeros_like(qdq[:, :1])], 1)
-        if cu is not None:
-            for _, s, e in _segments(cu, 1, q.shape[1]):
-                qdq[:, e - 1] = 0
-    x = qdq - a.to(acc) * da.to(acc)
-    if dht is not None:
-        last = (dht * ht).sum(-1)  # [N, H, K]
-        for i, (b, _, e) in enumerate(_segments(cu, q.shape[0], q.shape[1])):
-            x[b, e - 1] += last[i]
-    if decay == "scalar":
-        x = x.sum(-1)
-    return _reverse_cumsum(x, cu)
+    B, T = q.shape[:2]
+    pos = torch.arange(T, device=q.device)
+    if cu is not None:
+        starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
+        pos = pos - starts
+    if read == "before":  # the read at i sees the decay through i - 1, of its own segment only
+        shifted = torch.cat([qdq[:, 1:], torch.zeros_like(qdq[:, :1])], 1)
+        keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=q.device)])
+        qdq = shifted * keep.view(1, T, 1, 1)
+    x = _segment_suffix_sums(qdq - a.to(acc) * da.to(acc), cu)
+    seg = (pos // SEGMENT).view(1, T)
+    if cu is None:
+        x = x + dgs.gather(1, seg.expand(B, T).view(B, T, 1, 1).expand(B, T, *dgs.shape[2:]))
+    else:
+        seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), cu[1:] - cu[:-1])
+        x = x + dgs[seq, seg[0]].unsqueeze(0)
+    return x.sum(-1, keepdim=True)[..., 0] if decay == "scalar" else x
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -1,0 +1,85 @@
+"""Generated Triton kernels under TRITON_INTERPRET=1 (set in conftest): the additive family against the
+interpreter in float64, outputs, final states and every gradient, including d(log decay)."""
+import os
+
+import pytest
+import torch
+
+import lamixer
+from lamixer.backends import triton as triton_backend
+from lamixer.check import compare, random_call
+
+TOL = 1e-7
+ADDITIVE = [n for n in lamixer.shipped_specs() if not triton_backend.unsupported(lamixer.load(n).compiled)]
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "specs")
+
+
+def _assert_close(c, what):
+    bad = {k: f"{v:.2e}" for k, v in c.errors.items() if not v < TOL}
+    assert not bad, f"{what}: {bad}"
+
+
+def test_the_additive_family_is_covered():
+    assert set(ADDITIVE) == {"linear_attn", "retnet", "simple_gla", "gla", "hgrn2", "metala", "rwkv6", "mamba2", "lln"}
+
+
+@pytest.mark.parametrize("name", ADDITIVE)
+@pytest.mark.parametrize("T,gate", [(1, "normal"), (37, "strong"), (150, "weak")])
+def test_triton_matches_interpreter(name, T, gate):
+    m = lamixer.load(name)
+    tensors, states = random_call(m, B=2, T=T, H=2, gate=gate, seed=T)
+    _assert_close(compare(m, "triton", tensors, states, seed=T), f"{name} T={T} {gate}")
+
+
+@pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla", "linear_attn"])
+def test_triton_varlen(name):
+    """Packed sequences, one longer than the 64-token segments d(log decay) is summed over."""
+    m = lamixer.load(name)
+    cu = [0, 3, 150, 171]
+    tensors, states = random_call(m, H=2, cu_seqlens=cu, seed=4)
+    _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=4), f"{name} varlen")
+
+
+@pytest.mark.parametrize("spec", ["gla_normalized.lam", "simple_gla_bonus.lam"])
+def test_triton_novel_specs(spec):
+    """New specs of the family (a normalizer under a vector decay; a read between decay and write) need no Python."""
+    m = lamixer.load(os.path.join(EXAMPLES, spec))
+    tensors, states = random_call(m, T=70, H=2, gate="strong", seed=2)
+    _assert_close(compare(m, "triton", tensors, states, seed=2), spec)
+
+
+def test_no_initial_state_and_scale():
+    m = lamixer.load("gla")
+    tensors, _ = random_call(m, T=20, H=2, seed=1, initial_state=False)
+    _assert_close(compare(m, "triton", tensors, None, scale=0.3), "gla without a state")
+
+
+def test_specs_outside_the_family_say_why():
+    for name in ("deltanet", "gsa"):
+        m = lamixer.load(name)
+        tensors, _ = random_call(m, T=4, seed=0)
+        with pytest.raises(lamixer.ArgumentError, match="backend"):
+            m(**tensors, backend="triton")
+        o, _ = m(**tensors)  # auto falls back to the torch backend
+        assert o.shape[:3] == (2, 4, 2)
+
+
+def test_rendered_source_is_cached_by_content(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
+    source = triton_backend.render("scan_additive", decay="vector", read="before", acc="float32")
+    assert "def scan_additive_vector_before_float32_fwd_kernel(" in source
+    assert "decay=vector, read=before" in source
+    triton_backend.kernels.cache_clear()
+    mod = triton_backend.kernels("scan_additive", decay="vector", read="before", acc="float32")
+    files = list((tmp_path / "kernels").glob("scan_additive_*.py"))
+    assert len(files) == 1 and files[0].read_text() == source and hasattr(mod, "scan_additive_vector_before_float32_bwd_kernel_dab")
+    triton_backend.kernels.cache_clear()
+
+
+def test_low_precision_inputs_keep_float32_states():
+    m = lamixer.load("simple_gla")
+    tensors, states = random_call(m, T=40, H=2, seed=0, dtype=torch.float32)
+    o, S = m(**tensors, initial_state=states[0], output_final_state=True, backend="triton")
+    ref, S_ref = m(**tensors, initial_state=states[0], output_final_state=True, backend="interpret")
+    assert o.dtype == torch.float32 and S.dtype == torch.float32
+    assert (o - ref).norm() / ref.norm() < 1e-5 and (S - S_ref).norm() / S_ref.norm() < 1e-5
