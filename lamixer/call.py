@@ -5,7 +5,6 @@ import math
 import numbers
 from dataclasses import dataclass
 
-import networkx as nx
 import torch
 
 from . import ops
@@ -143,16 +142,15 @@ def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
         first_state = next(iter(g.states.values()))
         return sizes[first_state.dims[0]] ** -0.5
     values: dict[int, torch.Tensor] = {}
-    needed = nx.ancestors(g.g, g.scale_default) | {g.scale_default}
-    for n in g.order():
-        if n in needed:
-            d = g.node(n)
-            if d["op"] == "const":
-                values[n] = torch.tensor(d["value"], dtype=torch.float64)
-            elif d["op"] == "dim":
-                values[n] = torch.tensor(float(sizes[d["name"]]), dtype=torch.float64)
-            else:
-                values[n] = ops.apply(d, [values[a] for a in d["args"]], [() for _ in d["args"]])
+    nodes = compiled.plan.nodes
+    for n in compiled.plan.scale_order:
+        d = nodes[n]
+        if d["op"] == "const":
+            values[n] = torch.tensor(d["value"], dtype=torch.float64)
+        elif d["op"] == "dim":
+            values[n] = torch.tensor(float(sizes[d["name"]]), dtype=torch.float64)
+        else:
+            values[n] = ops.apply(d, [values[a] for a in d["args"]], [() for _ in d["args"]])
     value = float(values[g.scale_default])
     if not math.isfinite(value) and g.uses_scale:
         sizes_text = ", ".join(f"{d} = {n}" for d, n in sizes.items())

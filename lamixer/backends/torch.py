@@ -147,7 +147,8 @@ class _Evaluator:
     """
 
     def __init__(self, compiled: Compiled, call: Call, scan_impl):
-        self.c, self.call, self.g = compiled, call, compiled.graph
+        self.c, self.call = compiled, call
+        self.nodes = compiled.plan.nodes  # plain data: nothing below touches the graph library
         self.scan_impl = scan_impl
         self.env: dict[int, torch.Tensor] = {}
         self.finals: dict[str, torch.Tensor] = {}
@@ -163,11 +164,11 @@ class _Evaluator:
 
     def full(self, n: int) -> torch.Tensor:
         """Node n's value expanded to [B, T, H, *dims]."""
-        sizes = [self.call.sizes[d] for d in self.g.dims_of(n)]
+        sizes = [self.call.sizes[d] for d in self.nodes[n]["dims"]]
         return self.env[n].expand(self.B, self.T, self.call.heads, *sizes)
 
     def leaf(self, n: int) -> torch.Tensor:
-        d, call = self.g.node(n), self.call
+        d, call = self.nodes[n], self.call
         dt, dev = call.compute_dtype, call.device
         op = d["op"]
         if op == "input":
@@ -181,9 +182,9 @@ class _Evaluator:
         return torch.tensor(float(value), dtype=dt, device=dev).reshape(1, 1, 1)
 
     def run(self) -> None:
-        g, plan = self.g, self.c.plan
+        nodes, plan = self.nodes, self.c.plan
         for n in plan.order:
-            op = g.op(n)
+            op = nodes[n]["op"]
             if n in plan.read_scan:
                 if plan.read_scan[n] not in self.finals:
                     self.scan(self.c.classification.scan(plan.read_scan[n]))
@@ -194,23 +195,23 @@ class _Evaluator:
             elif op == "block_attention":
                 self.env[n] = self.block_attention(n)
             else:
-                args = g.args(n)
-                self.env[n] = ops.apply(g.node(n), [self.env[a] for a in args], [g.dims_of(a) for a in args])
+                args = nodes[n]["args"]
+                self.env[n] = ops.apply(nodes[n], [self.env[a] for a in args], [nodes[a]["dims"] for a in args])
         for scan in self.c.classification.scans:
             if scan.state not in self.finals:
                 self.scan(scan)
 
     def stat(self, n: int) -> torch.Tensor:
-        node = self.g.node(n)
-        x = self.full(self.g.args(n)[0])
+        node = self.nodes[n]
+        x = self.full(node["args"][0])
         if self.segments is not None and "batch" in node["groups"]:  # each packed sequence is a batch row
             vals = self.per_segment(lambda xs: ops.stat(node["fn"], xs, node["groups"]).unsqueeze(1).expand(-1, xs.shape[1], -1), x, axis=1)
             return torch.cat(vals, 1)  # [1, T, H|1]: every token sees its sequence's value
         return ops.stat(node["fn"], x, node["groups"]).unsqueeze(1)  # [B|1, 1, H|1]
 
     def block_attention(self, n: int) -> torch.Tensor:
-        q, k, v, scale = self.g.args(n)
-        size = self.g.node(n)["size"]
+        q, k, v, scale = self.nodes[n]["args"]
+        size = self.nodes[n]["size"]
         size = size if isinstance(size, int) else self.call.sizes[size]
         s = self.env[scale].reshape(())
         return torch.cat(self.per_segment(lambda *x: block_attention(*x, s, size), self.full(q), self.full(k), self.full(v), axis=1), 1)
@@ -220,7 +221,7 @@ class _Evaluator:
         if n is None:
             return None
         x = self.env[n]
-        if not self.g.dims_of(n):
+        if not self.nodes[n]["dims"]:
             return x.unsqueeze(-1).expand(self.B, self.T, self.call.heads, 1)
         return x.expand(self.B, self.T, self.call.heads, self.call.sizes[dim])
 

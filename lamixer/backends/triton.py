@@ -93,63 +93,87 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
     return [(0, s, e) for s, e in zip(offs[:-1], offs[1:])]
 
 
-class AdditiveScan(torch.autograd.Function):
-    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = q_t^T S_read(t), on rendered kernels."""
+@torch.library.custom_op("lamixer::additive_scan", mutates_args=())
+def additive_scan(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
+                  cu_seqlens: torch.Tensor | None, decay: str, read: str, BT: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = q_t^T S_read(t) on rendered kernels: (o, final state)."""
+    mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
+    BK, BV = _pow2(K), min(64, _pow2(V))
+    getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, BV), N * H)](
+        q, a, b, g, h0, o, ht, cu_seqlens, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None, PRECISION="ieee", **_launch(decay),
+    )  # fmt: skip
+    return o, ht
 
-    @staticmethod
-    def forward(ctx, q, a, b, g, h0, cu_seqlens, decay: str, read: str, BT: int):
-        mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
-        B, T, H, K = a.shape
-        V = b.shape[-1]
-        N = B if cu_seqlens is None else len(cu_seqlens) - 1
-        o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
-        ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
-        BK, BV = _pow2(K), min(64, _pow2(V))
-        getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, BV), N * H)](
-            q, a, b, g, h0, o, ht, cu_seqlens, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None, PRECISION="ieee", **_launch(decay),
-        )  # fmt: skip
-        ctx.save_for_backward(q, a, b, g, h0, cu_seqlens, ht)
-        ctx.config = (decay, read, BT)
-        return o, ht
 
-    @staticmethod
-    def backward(ctx, do, dht):
-        q, a, b, g, h0, cu_seqlens, ht = ctx.saved_tensors
-        decay, read, BT = ctx.config
-        mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
-        B, T, H, K = a.shape
-        V = b.shape[-1]
-        N = B if cu_seqlens is None else len(cu_seqlens) - 1
-        do = do.contiguous()
-        varlen = cu_seqlens is not None
-        acc = h0.dtype
-        longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        NS = triton_cdiv(longest, SEGMENT)
-        hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if decay != "none" else None
-        dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
-        BKq = min(64, _pow2(K))
-        getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, BKq), N * H)](
-            q, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=BT, BK=BKq, BV=_pow2(V), P=SEGMENT,
-            USE_H0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(decay),
-        )  # fmt: skip
-        BV = min(64, _pow2(V))
-        NV = triton_cdiv(V, BV)
-        da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
-        dgs = torch.empty(NV, N, NS, H, K, dtype=acc, device=a.device) if decay != "none" else None
-        db = torch.empty_like(b)
-        dh0 = torch.empty_like(h0)
-        getattr(mod, f"{mod.NAME}_bwd_kernel_dab")[(NV, N * H)](
-            q, a, b, g, do, dht, da, db, dh0, hs, dgs, cu_seqlens, T, NS, B * T * H * K, N * NS * H * K,
-            H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV, P=SEGMENT,
-            USE_DHT=dht is not None, STORE_DH0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc),
-            **_launch(decay),
-        )  # fmt: skip
-        da = da.sum(0)
-        dg = None
-        if g is not None and ctx.needs_input_grad[3]:
-            dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
-        return dq.to(q.dtype), da.to(a.dtype), db, dg, dh0, None, None, None, None
+@additive_scan.register_fake
+def _(q, a, b, g, h0, cu_seqlens, decay, read, BT):
+    B, T, H, K = a.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
+
+
+@torch.library.custom_op("lamixer::additive_scan_backward", mutates_args=())
+def additive_scan_backward(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
+                           cu_seqlens: torch.Tensor | None, ht: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
+                           decay: str, read: str, BT: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dg, dh0) of additive_scan; dg is empty without a decay."""
+    mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    do = do.contiguous()
+    varlen = cu_seqlens is not None
+    acc = h0.dtype
+    longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    NS = triton_cdiv(longest, SEGMENT)
+    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if decay != "none" else None
+    dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
+    BKq = min(64, _pow2(K))
+    getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, BKq), N * H)](
+        q, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=BT, BK=BKq, BV=_pow2(V), P=SEGMENT,
+        USE_H0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(decay),
+    )  # fmt: skip
+    BV = min(64, _pow2(V))
+    NV = triton_cdiv(V, BV)
+    da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
+    dgs = torch.empty(NV, N, NS, H, K, dtype=acc, device=a.device) if decay != "none" else None
+    db = torch.empty_like(b)
+    dh0 = torch.empty_like(h0)
+    getattr(mod, f"{mod.NAME}_bwd_kernel_dab")[(NV, N * H)](
+        q, a, b, g, do, dht.contiguous(), da, db, dh0, hs, dgs, cu_seqlens, T, NS, B * T * H * K, N * NS * H * K,
+        H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV, P=SEGMENT,
+        USE_DHT=True, STORE_DH0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc),
+        **_launch(decay),
+    )  # fmt: skip
+    da = da.sum(0)
+    dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype) if g is not None else q.new_empty(0)
+    return dq.to(q.dtype), da.to(a.dtype), db, dg, dh0
+
+
+@additive_scan_backward.register_fake
+def _(q, a, b, g, h0, cu_seqlens, ht, do, dht, decay, read, BT):
+    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
+
+
+def _setup_context(ctx, inputs, output):
+    q, a, b, g, h0, cu_seqlens, decay, read, BT = inputs
+    ctx.save_for_backward(q, a, b, g, h0, cu_seqlens, output[1])
+    ctx.config = (decay, read, BT)
+
+
+def _backward(ctx, do, dht):
+    q, a, b, g, h0, cu_seqlens, ht = ctx.saved_tensors
+    dq, da, db, dg, dh0 = additive_scan_backward(q, a, b, g, h0, cu_seqlens, ht, do, dht, *ctx.config)
+    return dq, da, db, dg if g is not None else None, dh0, None, None, None, None
+
+
+additive_scan.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _acc_precision(acc: torch.dtype) -> str:
@@ -219,7 +243,7 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
     BT = 16 if decay == "vector" else 64
     a, b, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, q))
     h0 = ops.h0.to(acc).contiguous()
-    o, ht = AdditiveScan.apply(q, a, b, g, h0, ops.cu_seqlens, decay, _read_mode(decayed, written), BT)
+    o, ht = additive_scan(q, a, b, g, h0, ops.cu_seqlens, decay, _read_mode(decayed, written), BT)
     return [o.to(ops.b.dtype)], ht
 
 
