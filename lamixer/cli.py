@@ -72,16 +72,19 @@ CASES = [  # (label, T, gate, initial state, packed sequences)
 @main.command()
 @click.argument("specs", nargs=-1)
 @click.option("--all", "all_specs", is_flag=True, help="Check every shipped spec.")
-@click.option("--backend", "backends", multiple=True, default=("torch",), show_default=True, help="Backend(s) to check against the interpreter.")
+@click.option("--backend", "backends", multiple=True, help="Backend(s) to check against the interpreter (default: every one available here).")
 @click.option("--seed", default=0, show_default=True)
 def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], seed: int) -> None:
     """Run backends against the interpreter on random float64 inputs: outputs, final states, all gradients."""
+    from .backends import triton as triton_backend
     from .check import compare, random_call
 
     names = list(specs) + (shipped_specs() if all_specs else [])
     if not names:
         raise click.UsageError("name a spec (or a spec file), or pass --all")
     mixers = [_load(n) for n in names]
+    if not backends:
+        backends = ("torch", "triton") if _triton_runs_here() else ("torch",)
     table = Table(title=f"relative RMS error against the interpreter (float64; fail above {CHECK_TOLERANCE:g})")
     for col in ("spec", "backend", "case", "output", "final states", "gradients", "worst grad", "verdict"):
         table.add_column(col)
@@ -90,6 +93,11 @@ def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], se
         task = progress.add_task("checking", total=len(mixers) * len(backends) * len(CASES))
         for m in mixers:
             for backend in backends:
+                missing = triton_backend.unsupported(m.compiled) if backend == "triton" else []
+                if missing:
+                    table.add_row(m.name, backend, "-", "-", "-", "-", "-", f"[yellow]not available: {'; '.join(missing)}[/yellow]")
+                    progress.advance(task, len(CASES))
+                    continue
                 for label, T, gate, init, cu in CASES:
                     progress.update(task, description=f"{m.name} / {backend} / {label}")
                     tensors, states = random_call(m, T=T or 1, gate=gate, seed=seed, initial_state=init, cu_seqlens=cu)
@@ -112,6 +120,14 @@ def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], se
     if failed:
         console.print("[red]mismatch against the interpreter[/red]")
         sys.exit(1)
+
+
+def _triton_runs_here() -> bool:
+    import os
+
+    import torch
+
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @main.command()

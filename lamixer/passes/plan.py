@@ -10,7 +10,7 @@ from .classify import Classification, Scan
 
 # Chunk lengths of the torch backend: a per-dim decay materialises [C, C, dim] score tensors.
 CHUNK_SCALAR_DECAY = 64
-CHUNK_VECTOR_DECAY = 32
+CHUNK_VECTOR_DECAY = 8
 
 
 @dataclass
