@@ -16,7 +16,8 @@ BACKENDS = ("auto", "interpret", "torch", "triton")
 
 @dataclass
 class Call:
-    """A validated call: per-token tensors [B, T, H, *dims], params, dim sizes and states, in compute dtype."""
+    """A validated call: the caller's tensors (per-token [B, T, H, *dims] and params, as given: each
+    evaluator converts what it reads to compute_dtype), dim sizes, and states in compute dtype."""
 
     inputs: dict[str, torch.Tensor]
     sizes: dict[str, int]
@@ -130,8 +131,7 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
             raise ArgumentError("scale", f"must be a finite number, got {scale!r}")
 
     states = _check_states(compiled, initial_state, N, H, sizes, device, compute_dtype)
-    inputs = {name: x.to(compute_dtype) for name, x in tensors.items()}
-    return Call(inputs, sizes, B, T, H, scale_value, states, cu, compute_dtype, out_dtype, state_dtype, device)
+    return Call(tensors, sizes, B, T, H, scale_value, states, cu, compute_dtype, out_dtype, state_dtype, device)
 
 
 def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:

@@ -31,10 +31,9 @@ class _Token:
         d, call = self.g.node(n), self.call
         op = d["op"]
         if op == "input":
-            x = call.inputs[d["name"]]
-            return x[:, t]
+            return call.inputs[d["name"]][:, t].to(call.compute_dtype)
         if op == "param":
-            p = call.inputs[d["name"]]
+            p = call.inputs[d["name"]].to(call.compute_dtype)
             return p.unsqueeze(0) if d["per_head"] else p.reshape(1, 1, *p.shape)
         if op == "const":
             return self.const(d["value"])

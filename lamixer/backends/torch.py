@@ -146,10 +146,13 @@ class _Evaluator:
     batch-grouped statistics see the sequence boundaries.
     """
 
-    def __init__(self, compiled: Compiled, call: Call, scan_impl):
+    def __init__(self, compiled: Compiled, call: Call, scan_impl, direct: dict[int, tuple[str, int | None]] | None = None):
         self.c, self.call = compiled, call
         self.nodes = compiled.plan.nodes  # plain data: nothing below touches the graph library
         self.scan_impl = scan_impl
+        # scan operands the kernels read straight from the caller's tensors: node -> (input, per-head factor node)
+        self.direct = direct or {}
+        self.needed = self._needed()
         self.env: dict[int, torch.Tensor] = {}
         self.finals: dict[str, torch.Tensor] = {}
         self.B, self.T = call.batch, call.length
@@ -172,18 +175,38 @@ class _Evaluator:
         dt, dev = call.compute_dtype, call.device
         op = d["op"]
         if op == "input":
-            return call.inputs[d["name"]]
+            return call.inputs[d["name"]].to(dt)
         if op == "param":
-            p = call.inputs[d["name"]]
+            p = call.inputs[d["name"]].to(dt)
             return p.reshape(1, 1, *p.shape) if d["per_head"] else p.reshape(1, 1, 1, *p.shape)
         if op == "head":
             return torch.arange(call.heads, dtype=dt, device=dev).reshape(1, 1, -1)
         value = {"const": lambda: d["value"], "dim": lambda: call.sizes[d["name"]], "scale": lambda: call.scale}[op]()
         return torch.tensor(float(value), dtype=dt, device=dev).reshape(1, 1, 1)
 
+    def _scan_deps(self, s: Scan) -> list[int]:
+        deps = []
+        for n in s.inputs():
+            _, replacement = self.direct.get(n, (None, n))  # a direct operand needs only its factor
+            deps += [replacement] if replacement is not None else []
+        return deps
+
+    def _needed(self) -> set[int]:
+        """The nodes to evaluate: what the output and the scans need, less what direct operands replace."""
+        plan, nodes = self.c.plan, self.nodes
+        need = {self.c.graph.output}
+        for s in self.c.classification.scans:
+            need.update(self._scan_deps(s))
+        for n in reversed(plan.order):
+            if n in need:
+                need.update(self._scan_deps(self.c.classification.scan(plan.read_scan[n])) if n in plan.read_scan else nodes[n]["args"])
+        return need
+
     def run(self) -> None:
         nodes, plan = self.nodes, self.c.plan
         for n in plan.order:
+            if n not in self.needed:
+                continue
             op = nodes[n]["op"]
             if n in plan.read_scan:
                 if plan.read_scan[n] not in self.finals:
@@ -217,13 +240,20 @@ class _Evaluator:
         return torch.cat(self.per_segment(lambda *x: block_attention(*x, s, size), self.full(q), self.full(k), self.full(v), axis=1), 1)
 
     def operand(self, n: int | None, dim: str | None) -> torch.Tensor | None:
-        """A scan operand as [B, T, H, D]: a vector over `dim`, or a scalar as one column."""
+        """A scan operand as [B, T, H, D]: a vector over `dim`, or a scalar as one column (a direct operand
+        as the caller's tensor, its factor left to the kernel)."""
         if n is None:
             return None
-        x = self.env[n]
+        x = self.call.inputs[self.direct[n][0]] if n in self.direct else self.env[n]
         if not self.nodes[n]["dims"]:
             return x.unsqueeze(-1).expand(self.B, self.T, self.call.heads, 1)
         return x.expand(self.B, self.T, self.call.heads, self.call.sizes[dim])
+
+    def factor(self, n: int) -> torch.Tensor | None:
+        """A direct operand's per-head factor as [H] (None when it has none)."""
+        if n not in self.direct or self.direct[n][1] is None:
+            return None
+        return self.env[self.direct[n][1]].to(self.call.compute_dtype).reshape(-1).expand(self.call.heads)
 
     def scan(self, s: Scan) -> None:
         sizes = self.call.sizes
@@ -239,6 +269,7 @@ class _Evaluator:
         ops = ScanOperands(
             a=a, b=b, c=c.expand_as(a) if c is not None else None, g=g, side=side,
             reads=[(self.operand(r.query, s.key_dim).expand_as(a), r.decayed, r.written) for r in s.reads],
+            query_factors=[self.factor(r.query) for r in s.reads],
             h0=h0.unsqueeze(-1) if s.value_dim is None else h0,
             cu_seqlens=self.call.cu_seqlens, chunk=self.c.plan.chunk[s.state],
         )  # fmt: skip
@@ -258,6 +289,7 @@ class ScanOperands:
     g: torch.Tensor | None  # log decay [.., 1 or K] on the key side, [.., V] on the value side
     side: str  # "key" | "value"
     reads: list[tuple[torch.Tensor, bool, bool]]  # (query [.., K], decayed, written)
+    query_factors: list[torch.Tensor | None]  # per-head factors [H] the kernel applies to direct queries
     h0: torch.Tensor  # [N, H, K, V]
     cu_seqlens: torch.Tensor | None
     chunk: int
@@ -286,8 +318,8 @@ def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
     return outs, torch.cat([r[1] for r in results], 0)
 
 
-def run(compiled: Compiled, call: Call, scan_impl=torch_scan) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """o [B, T, H, V] and the final states [N, H, *dims], in the compute dtype."""
-    ev = _Evaluator(compiled, call, scan_impl)
+    ev = _Evaluator(compiled, call, scan_impl, direct)
     ev.run()
     return ev.env[compiled.graph.output], [ev.finals[n] for n in compiled.graph.states]

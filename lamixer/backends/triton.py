@@ -94,9 +94,11 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
 
 
 @torch.library.custom_op("lamixer::additive_scan", mutates_args=())
-def additive_scan(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
-                  cu_seqlens: torch.Tensor | None, decay: str, read: str, BT: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = q_t^T S_read(t) on rendered kernels: (o, final state)."""
+def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+                  h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, BT: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on rendered kernels: (o, final state).
+
+    qs: an optional per-head factor of the query [H] (not differentiated)."""
     mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
@@ -105,21 +107,21 @@ def additive_scan(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, g: torch.Te
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
     BK, BV = _pow2(K), min(64, _pow2(V))
     getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, BV), N * H)](
-        q, a, b, g, h0, o, ht, cu_seqlens, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+        q, qs, a, b, g, h0, o, ht, cu_seqlens, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_QS=qs is not None,
         USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None, PRECISION="ieee", **_launch(decay),
     )  # fmt: skip
     return o, ht
 
 
 @additive_scan.register_fake
-def _(q, a, b, g, h0, cu_seqlens, decay, read, BT):
+def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, BT):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
 
 
 @torch.library.custom_op("lamixer::additive_scan_backward", mutates_args=())
-def additive_scan_backward(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
+def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
                            cu_seqlens: torch.Tensor | None, ht: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
                            decay: str, read: str, BT: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dg, dh0) of additive_scan; dg is empty without a decay."""
@@ -136,8 +138,8 @@ def additive_scan_backward(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, g:
     dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
     BKq = min(64, _pow2(K))
     getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, BKq), N * H)](
-        q, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=BT, BK=BKq, BV=_pow2(V), P=SEGMENT,
-        USE_H0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(decay),
+        q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=BT, BK=BKq, BV=_pow2(V), P=SEGMENT,
+        USE_QS=qs is not None, USE_H0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(decay),
     )  # fmt: skip
     BV = min(64, _pow2(V))
     NV = triton_cdiv(V, BV)
@@ -146,9 +148,9 @@ def additive_scan_backward(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, g:
     db = torch.empty_like(b)
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_kernel_dab")[(NV, N * H)](
-        q, a, b, g, do, dht.contiguous(), da, db, dh0, hs, dgs, cu_seqlens, T, NS, B * T * H * K, N * NS * H * K,
+        q, qs, a, b, g, do, dht.contiguous(), da, db, dh0, hs, dgs, cu_seqlens, T, NS, B * T * H * K, N * NS * H * K,
         H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV, P=SEGMENT,
-        USE_DHT=True, STORE_DH0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc),
+        USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc),
         **_launch(decay),
     )  # fmt: skip
     da = da.sum(0)
@@ -157,20 +159,20 @@ def additive_scan_backward(q: torch.Tensor, a: torch.Tensor, b: torch.Tensor, g:
 
 
 @additive_scan_backward.register_fake
-def _(q, a, b, g, h0, cu_seqlens, ht, do, dht, decay, read, BT):
+def _(q, qs, a, b, g, h0, cu_seqlens, ht, do, dht, decay, read, BT):
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, a, b, g, h0, cu_seqlens, decay, read, BT = inputs
-    ctx.save_for_backward(q, a, b, g, h0, cu_seqlens, output[1])
+    q, qs, a, b, g, h0, cu_seqlens, decay, read, BT = inputs
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1])
     ctx.config = (decay, read, BT)
 
 
 def _backward(ctx, do, dht):
-    q, a, b, g, h0, cu_seqlens, ht = ctx.saved_tensors
-    dq, da, db, dg, dh0 = additive_scan_backward(q, a, b, g, h0, cu_seqlens, ht, do, dht, *ctx.config)
-    return dq, da, db, dg if g is not None else None, dh0, None, None, None, None
+    q, qs, a, b, g, h0, cu_seqlens, ht = ctx.saved_tensors
+    dq, da, db, dg, dh0 = additive_scan_backward(q, qs, a, b, g, h0, cu_seqlens, ht, do, dht, *ctx.config)
+    return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
 
 
 additive_scan.register_autograd(_backward, setup_context=_setup_context)
@@ -230,23 +232,59 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The scan on generated kernels: q, a, b contiguous [B, T, H, D] in `dtype`; decay and state in float32
-    (float64 when the inputs are)."""
+    """The scan on generated kernels: q, a, b contiguous [B, T, H, D] in `dtype` (the caller's tensors
+    pass through untouched when they already are); decay and state in float32 (float64 when the inputs are)."""
     ((q, decayed, written),) = ops.reads
+    (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if ops.g is None:
         decay, g = "none", None
     elif ops.g.shape[-1] == 1:
-        decay, g = "scalar", ops.g[..., 0].to(acc).contiguous()
+        decay, g = "scalar", ops.g[..., 0].contiguous()
     else:
-        decay, g = "vector", ops.g.to(acc).contiguous()
+        decay, g = "vector", ops.g.contiguous()
     BT = 16 if decay == "vector" else 64
     a, b, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, q))
     h0 = ops.h0.to(acc).contiguous()
-    o, ht = additive_scan(q, a, b, g, h0, ops.cu_seqlens, decay, _read_mode(decayed, written), BT)
-    return [o.to(ops.b.dtype)], ht
+    qs = qs.to(acc).contiguous() if qs is not None else None
+    o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, _read_mode(decayed, written), BT)
+    return [o], ht
+
+
+def direct_operands(compiled: Compiled, call: Call) -> dict[int, tuple[str, int | None]]:
+    """Scan operands the kernels can read straight from the caller's tensors, with no pass over them in torch:
+    an input itself, or (for a query) an input times a per-head constant such as the read-out scale."""
+    nodes = compiled.plan.nodes
+    constant = ("const", "dim", "head", "scale")
+
+    def per_head_constant(n: int) -> bool:
+        d = nodes[n]
+        if d["dims"]:
+            return False
+        if d["op"] == "param":
+            return not call.inputs[d["name"]].requires_grad
+        return d["op"] in constant or (d["op"] in ("unary", "binary") and all(per_head_constant(a) for a in d["args"]))
+
+    def plain_input(n: int) -> str | None:
+        return nodes[n]["name"] if nodes[n]["op"] == "input" else None
+
+    direct = {}
+    for s in compiled.classification.scans:
+        for n in (s.write_key, s.write_value, s.log_decay):
+            if n is not None and plain_input(n):
+                direct[n] = (plain_input(n), None)
+        for r in s.reads:
+            d = nodes[r.query]
+            if plain_input(r.query):
+                direct[r.query] = (plain_input(r.query), None)
+            elif d["op"] == "binary" and d["fn"] == "mul":
+                x, f = d["args"] if plain_input(d["args"][0]) else reversed(d["args"])
+                if plain_input(x) and per_head_constant(f):
+                    direct[r.query] = (plain_input(x), f)
+    return direct
 
 
 def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor]]:
     dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
-    return torch_backend.run(compiled, call, scan_impl=functools.partial(triton_scan, dtype=dtype))
+    direct = direct_operands(compiled, call)
+    return torch_backend.run(compiled, call, scan_impl=functools.partial(triton_scan, dtype=dtype), direct=direct)
