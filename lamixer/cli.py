@@ -131,6 +131,50 @@ def _triton_runs_here() -> bool:
 
 
 @main.command()
+@click.argument("spec")
+@click.option("--B", "B", default=4, show_default=True)
+@click.option("--T", "T", default=8192, show_default=True)
+@click.option("--H", "H", default=16, show_default=True)
+@click.option("--size", default=128, show_default=True, help="Every feature dim (K, V, ...).")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--limit", type=int, default=None, help="Try at most this many candidates.")
+@click.option("--interpret", is_flag=True, help="Run under Triton's CPU interpreter (checks the machinery; its times mean nothing).")
+def autotune(spec: str, B: int, T: int, H: int, size: int, dtype: str, limit: int | None, interpret: bool) -> None:
+    """Search kernel configurations for SPEC on this GPU; each is checked against the torch backend, then timed."""
+    import os
+
+    import torch
+
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif not torch.cuda.is_available():
+        raise click.ClickException("autotune times kernels on a GPU and none is visible (use --interpret to exercise it on the CPU)")
+    from . import autotune as at
+
+    m = _load(spec)
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    table = Table(title=f"{m.name}: B={B} T={T} H={H} dims={size} {dtype} on {at.device_name(torch.device('cuda' if not interpret else 'cpu'))}")
+    for col in ("config", "rel. error", "fwd+bwd ms", "note"):
+        table.add_column(col)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("autotuning", total=limit or len(at.candidates("vector", size, size)))
+
+        def on_trial(t):
+            progress.advance(task)
+            table.add_row(at.describe(t.config), "-" if t.error is None else f"{t.error:.1e}", "-" if t.ms is None else f"{t.ms:.3f}", t.note)
+
+        try:
+            trials, keys = at.tune(m, B, T, H, size, torch_dtype, "cpu" if interpret else "cuda", limit, on_trial)
+        except ValueError as e:
+            raise click.ClickException(f"{m.name} has no Triton kernels to tune: {e}") from None
+    console.print(table)
+    if not keys:
+        raise click.ClickException("no candidate was both correct and runnable")
+    best = min((t for t in trials if t.ms is not None), key=lambda t: t.ms)
+    console.print(f"best: {at.describe(best.config)} ({best.ms:.3f} ms); saved to {at.cache_file()}")
+
+
+@main.command()
 @click.argument("name")
 @click.option("--from", "base", default="linear_attn", show_default=True, help="The shipped spec or spec file to start from.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help=f"Where to write (default NAME{SPEC_SUFFIX}).")

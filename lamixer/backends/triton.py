@@ -18,6 +18,7 @@ from pathlib import Path
 import jinja2
 import torch
 
+from ..autotune import Config, default_config, device_name, entry_key, lookup, shape_bucket
 from ..call import Call
 from ..compiler import Compiled
 from . import torch as torch_backend
@@ -95,26 +96,26 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
 
 @torch.library.custom_op("lamixer::additive_scan", mutates_args=())
 def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
-                  h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, BT: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                  h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on rendered kernels: (o, final state).
 
-    qs: an optional per-head factor of the query [H] (not differentiated)."""
+    qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
-    BK, BV = _pow2(K), min(64, _pow2(V))
-    getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, BV), N * H)](
-        q, qs, a, b, g, h0, o, ht, cu_seqlens, T, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, USE_QS=qs is not None,
-        USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None, PRECISION="ieee", **_launch(decay),
+    c = Config.from_list(cfg)
+    getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, c.BV), N * H)](
+        q, qs, a, b, g, h0, o, ht, cu_seqlens, T, H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=c.BV, USE_QS=qs is not None,
+        USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None, PRECISION="ieee", **_launch(c),
     )  # fmt: skip
     return o, ht
 
 
 @additive_scan.register_fake
-def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, BT):
+def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
@@ -123,7 +124,7 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, BT):
 @torch.library.custom_op("lamixer::additive_scan_backward", mutates_args=())
 def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
                            cu_seqlens: torch.Tensor | None, ht: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
-                           decay: str, read: str, BT: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                           decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dg, dh0) of additive_scan; dg is empty without a decay."""
     mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
@@ -136,12 +137,12 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     NS = triton_cdiv(longest, SEGMENT)
     hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if decay != "none" else None
     dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
-    BKq = min(64, _pow2(K))
-    getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, BKq), N * H)](
-        q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=BT, BK=BKq, BV=_pow2(V), P=SEGMENT,
-        USE_QS=qs is not None, USE_H0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(decay),
+    c = Config.from_list(cfg)
+    getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H)](
+        q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=c.BK, BV=_pow2(V), P=SEGMENT,
+        USE_QS=qs is not None, USE_H0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(c),
     )  # fmt: skip
-    BV = min(64, _pow2(V))
+    BV = c.BV
     NV = triton_cdiv(V, BV)
     da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
     dgs = torch.empty(NV, N, NS, H, K, dtype=acc, device=a.device) if decay != "none" else None
@@ -149,9 +150,9 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_kernel_dab")[(NV, N * H)](
         q, qs, a, b, g, do, dht.contiguous(), da, db, dh0, hs, dgs, cu_seqlens, T, NS, B * T * H * K, N * NS * H * K,
-        H=H, K=K, V=V, BT=BT, BK=_pow2(K), BV=BV, P=SEGMENT,
+        H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=BV, P=SEGMENT,
         USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc),
-        **_launch(decay),
+        **_launch(c),
     )  # fmt: skip
     da = da.sum(0)
     dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype) if g is not None else q.new_empty(0)
@@ -159,14 +160,14 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
 
 
 @additive_scan_backward.register_fake
-def _(q, qs, a, b, g, h0, cu_seqlens, ht, do, dht, decay, read, BT):
+def _(q, qs, a, b, g, h0, cu_seqlens, ht, do, dht, decay, read, cfg):
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, qs, a, b, g, h0, cu_seqlens, decay, read, BT = inputs
+    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
     ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1])
-    ctx.config = (decay, read, BT)
+    ctx.config = (decay, read, cfg)
 
 
 def _backward(ctx, do, dht):
@@ -182,9 +183,8 @@ def _acc_precision(acc: torch.dtype) -> str:
     return "ieee" if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1" else "tf32x3"
 
 
-def _launch(decay: str) -> dict:
-    # a per-dim decay materialises [BT, BT, BK] weights: more warps to hold them; one stage keeps shared memory small
-    return dict(num_warps=8 if decay == "vector" else 4, num_stages=1)
+def _launch(c: Config) -> dict:
+    return dict(num_warps=c.num_warps, num_stages=c.num_stages)
 
 
 def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
@@ -243,12 +243,33 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
         decay, g = "scalar", ops.g[..., 0].contiguous()
     else:
         decay, g = "vector", ops.g.contiguous()
-    BT = 16 if decay == "vector" else 64
     a, b, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, q))
     h0 = ops.h0.to(acc).contiguous()
     qs = qs.to(acc).contiguous() if qs is not None else None
-    o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, _read_mode(decayed, written), BT)
+    read = _read_mode(decayed, written)
+    config = scan_config(decay, read, _ACC[acc], dtype, a.shape[0], a.shape[1], a.shape[2], a.shape[3], b.shape[3], a.device)
+    o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     return [o], ht
+
+
+# configurations chosen in this process, so a call pays for the cache lookup once per shape
+_chosen: dict[tuple, Config] = {}
+CONFIG_OVERRIDE: Config | None = None  # set by the autotuner while it times a candidate
+
+
+def kernel_hash(decay: str, read: str, acc: str) -> str:
+    return hashlib.sha256(f"{TEMPLATE_VERSION}\n{render('scan_additive', decay=decay, read=read, acc=acc)}".encode()).hexdigest()[:16]
+
+
+def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
+    """The tuned configuration for this kernel, GPU, dtype and shape bucket, else the default (never a search)."""
+    if CONFIG_OVERRIDE is not None:
+        return CONFIG_OVERRIDE
+    key = (decay, read, acc, dtype, shape_bucket(B, T, H, K, V), str(device))
+    if key not in _chosen:
+        found = lookup(entry_key(device_name(device), kernel_hash(decay, read, acc), dtype, shape_bucket(B, T, H, K, V)))
+        _chosen[key] = found or default_config(decay, K, V)
+    return _chosen[key]
 
 
 def direct_operands(compiled: Compiled, call: Call) -> dict[int, tuple[str, int | None]]:

@@ -1,0 +1,229 @@
+"""Kernel configurations: sensible defaults, an on-disk cache of tuned ones, and the search that fills it.
+
+A tuned configuration is keyed by the GPU's name, the rendered kernel source's hash (which covers
+the template version and the scan's classification), the kernel dtype and a bucketed shape. The
+cache is JSON written atomically; a corrupt file is ignored with a warning. Without an entry the
+default is used at once: tuning only ever happens when asked for (`lamixer autotune`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Config:
+    BT: int  # chunk length (divides the 64-token segment of d(log decay))
+    BV: int  # value block of the forward and the reverse scan
+    BK: int  # key block of the dq scan
+    num_warps: int
+    num_stages: int
+
+    def as_list(self) -> list[int]:
+        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages]
+
+    @staticmethod
+    def from_list(values) -> Config:
+        return Config(*(int(v) for v in values))
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
+
+
+def default_config(decay: str, K: int, V: int) -> Config:
+    # a per-dim decay holds [BT, BT, K] weights in registers: short chunks, more warps
+    if decay == "vector":
+        return Config(16, min(64, _pow2(V)), min(64, _pow2(K)), 8, 1)
+    return Config(64, min(64, _pow2(V)), min(64, _pow2(K)), 4, 1)
+
+
+def candidates(decay: str, K: int, V: int) -> list[Config]:
+    """The search space: chunk length, blocks, warps and pipeline stages, default first."""
+    out = [default_config(decay, K, V)]
+    for BT in ((16, 32) if decay == "vector" else (32, 64)):
+        for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
+            for BK in sorted({min(32, _pow2(K)), min(64, _pow2(K))}):
+                for warps in (4, 8):
+                    for stages in (1, 2):
+                        c = Config(BT, BV, BK, warps, stages)
+                        if c not in out:
+                            out.append(c)
+    return out
+
+
+def shape_bucket(B: int, T: int, H: int, K: int, V: int) -> str:
+    """Shapes that tune alike share an entry: exact head dims, powers of two for length and batch x heads."""
+    return f"K{K}-V{V}-T{_pow2(T, 64)}-BH{_pow2(B * H, 1)}"
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu-interpreter"
+
+
+def cache_file() -> Path:
+    root = Path(os.environ.get("LAMIXER_CACHE", Path.home() / ".cache" / "lamixer"))
+    return root / "autotune.json"
+
+
+def _read(path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("entries"), dict):
+            raise ValueError("not a lamixer autotune cache of this version")
+        return data["entries"]
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warnings.warn(f"ignoring the autotune cache {path}: {e}", stacklevel=3)
+        return {}
+
+
+_memo: dict[str, dict] = {}
+
+
+def _entries() -> dict:
+    """Shipped configurations (lamixer/configs/*.json), overridden by the user's cache; read once per process."""
+    key = str(cache_file())
+    if key not in _memo:
+        entries: dict = {}
+        shipped = resources.files("lamixer").joinpath("configs")
+        if shipped.is_dir():
+            for f in sorted(shipped.iterdir()):
+                if f.name.endswith(".json"):
+                    entries.update(_read(f))
+        entries.update(_read(cache_file()))
+        _memo[key] = entries
+    return _memo[key]
+
+
+def entry_key(device: str, kernel_hash: str, dtype: torch.dtype, bucket: str) -> str:
+    return "|".join([device, kernel_hash, str(dtype).replace("torch.", ""), bucket])
+
+
+def lookup(key: str) -> Config | None:
+    found = _entries().get(key)
+    try:
+        return Config.from_list(found["config"]) if found else None
+    except (KeyError, TypeError, ValueError):
+        warnings.warn(f"ignoring a malformed autotune entry {key!r}", stacklevel=2)
+        return None
+
+
+def store(key: str, config: Config, timings: dict) -> Path:
+    """Add one entry to the user's cache, atomically (a concurrent reader sees the old or the new file)."""
+    path = cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entries = _read(path)
+    entries[key] = {"config": config.as_list(), "timings": timings, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"version": CACHE_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    _memo.pop(str(path), None)
+    return path
+
+
+def describe(config: Config) -> str:
+    return ", ".join(f"{k}={v}" for k, v in asdict(config).items())
+
+
+@dataclass
+class Trial:
+    config: Config
+    error: float | None  # worst relative error against the torch backend (None: the candidate failed to run)
+    ms: float | None  # forward + backward time (None: not timed, because it was wrong or failed)
+    note: str = ""
+
+
+def _template_decay(decay: str) -> str:
+    return {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "vector"}[decay]
+
+
+def _fwd_bwd(mixer, tensors, states, backend):
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
+    h0 = tuple(s.detach().clone().requires_grad_() for s in states)
+    o, fin = mixer(**leaves, initial_state=h0 if len(h0) > 1 else h0[0], output_final_state=True, backend=backend)
+    fin = fin if isinstance(fin, tuple) else (fin,)
+    gen = torch.Generator(device=o.device).manual_seed(0)
+    loss = (o.float() * torch.randn(o.shape, generator=gen, device=o.device)).sum()
+    loss = loss + sum((f.float() * torch.randn(f.shape, generator=gen, device=o.device)).sum() for f in fin)
+    grads = torch.autograd.grad(loss, list(leaves.values()) + list(h0))
+    return [o, *fin, *grads]
+
+
+def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: str, limit: int | None = None, on_trial=None) -> tuple[list[Trial], list[str]]:
+    """Try each candidate on random inputs: check it against the torch backend, then time it; store the fastest.
+
+    Returns the trials and the cache keys written. Timing uses triton.testing.do_bench on a GPU (the
+    only meaningful place); under the CPU interpreter it uses wall time, for testing the machinery.
+    """
+    from .backends import triton as tb
+    from .check import random_call, rel_rms
+
+    missing = tb.unsupported(mixer.compiled)
+    if missing:
+        raise ValueError("; ".join(missing))
+    tensors, states = random_call(mixer, B=B, T=T, H=H, size=size, dtype=dtype, device=device, distinct=False)
+    states = tuple(s.float() for s in states)
+    reference = _fwd_bwd(mixer, {k: v.float() for k, v in tensors.items()}, states, "torch")
+    tol = 1e-3 if dtype == torch.float32 else 1e-2
+    scans = mixer.compiled.classification.scans
+    decay = _template_decay(scans[0].decay)
+    K = size
+    trials = []
+    for config in candidates(decay, K, size)[:limit]:
+        tb.CONFIG_OVERRIDE = config
+        try:
+            got = _fwd_bwd(mixer, tensors, states, "triton")
+            error = max(rel_rms(x, r) for x, r in zip(got, reference))
+        except Exception as e:  # a configuration the compiler or the GPU rejects (registers, shared memory)
+            trials.append(Trial(config, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+            tb.CONFIG_OVERRIDE = None
+            if on_trial:
+                on_trial(trials[-1])
+            continue
+        if not error < tol:
+            trials.append(Trial(config, error, None, "wrong: not timed"))
+        else:
+            trials.append(Trial(config, error, _time(lambda: _fwd_bwd(mixer, tensors, states, "triton"), device)))
+        tb.CONFIG_OVERRIDE = None
+        if on_trial:
+            on_trial(trials[-1])
+    tb.CONFIG_OVERRIDE = None
+    timed = [t for t in trials if t.ms is not None]
+    if not timed:
+        return trials, []
+    best = min(timed, key=lambda t: t.ms)
+    keys = []
+    acc = "float32"
+    for s in scans:
+        read = "after" if s.reads[0].written else ("mid" if s.reads[0].decayed else "before")
+        key = entry_key(device_name(torch.device(device)), tb.kernel_hash(_template_decay(s.decay), read, acc), dtype,
+                        shape_bucket(B, T, H, K, size))  # fmt: skip
+        if key not in keys:
+            store(key, best.config, {describe(t.config): t.ms for t in timed})
+            keys.append(key)
+    tb._chosen.clear()
+    return trials, keys
+
+
+def _time(fn, device: str) -> float:
+    if device.startswith("cuda"):
+        import triton
+
+        return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3

@@ -1,0 +1,67 @@
+"""The autotuner's cache and search, exercised under the Triton interpreter (its timings mean nothing here)."""
+import json
+import warnings
+
+import pytest
+import torch
+
+import lamixer
+from lamixer import autotune as at
+from lamixer.backends import triton as tb
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
+    at._memo.clear()
+    tb._chosen.clear()
+    yield tmp_path
+    at._memo.clear()
+    tb._chosen.clear()
+
+
+def test_store_and_lookup_round_trip(private_cache):
+    c = at.Config(32, 64, 32, 8, 2)
+    key = at.entry_key("gpu", "abc", torch.bfloat16, at.shape_bucket(4, 8192, 16, 128, 128))
+    path = at.store(key, c, {"x": 1.0})
+    assert at.lookup(key) == c and at.lookup(key + "other") is None
+    assert not list(path.parent.glob("*.tmp"))  # written through a temporary file and a rename
+    assert json.loads(path.read_text())["version"] == at.CACHE_VERSION
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"version": 0, "entries": {}}', '["a list"]'])
+def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(private_cache, content):
+    (private_cache / "autotune.json").write_text(content)
+    with pytest.warns(UserWarning, match="ignoring the autotune cache"):
+        assert at.lookup("anything") is None
+
+
+def test_without_an_entry_the_default_is_used_at_once():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = tb.scan_config("vector", "after", "float32", torch.float32, 2, 100, 4, 64, 64, torch.device("cpu"))
+    assert c == at.default_config("vector", 64, 64)
+
+
+def test_shape_buckets_share_entries():
+    assert at.shape_bucket(4, 8000, 16, 128, 128) == at.shape_bucket(4, 8192, 16, 128, 128)
+    assert at.shape_bucket(4, 8192, 16, 128, 128) != at.shape_bucket(4, 8192, 16, 64, 128)
+
+
+def test_tune_checks_times_and_stores_the_fastest(monkeypatch):
+    broken = at.Config(48, 16, 16, 4, 1)  # not a power of two: the kernel cannot be built
+    monkeypatch.setattr(at, "candidates", lambda decay, K, V: [at.default_config(decay, K, V), broken, at.Config(32, 16, 16, 4, 1)])
+    m = lamixer.load("simple_gla")
+    seen = []
+    trials, keys = at.tune(m, 1, 40, 2, 16, torch.float32, "cpu", on_trial=seen.append)
+    assert len(trials) == len(seen) == 3
+    assert trials[1].ms is None and trials[1].note  # failed to run: recorded, never timed
+    assert all(t.error < 1e-3 and t.ms > 0 for t in (trials[0], trials[2]))
+    best = min((t for t in trials if t.ms is not None), key=lambda t: t.ms)
+    assert len(keys) == 1 and at.lookup(keys[0]) == best.config
+    assert tb.scan_config("scalar", "after", "float32", torch.float32, 1, 40, 2, 16, 16, torch.device("cpu")) == best.config
+
+
+def test_tune_refuses_specs_without_kernels():
+    with pytest.raises(ValueError, match="no Triton template"):
+        at.tune(lamixer.load("deltanet"), 1, 8, 1, 16, torch.float32, "cpu")
