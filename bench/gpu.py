@@ -1,14 +1,14 @@
 """One GPU run: check every Triton-backed spec against the interpreter, then time it against FLA and SDPA.
 
-    python bench/gpu.py [--specs a,b] [--skip-check] [--skip-time] [--Ts 2048,4096,8192,16384] [--fla-Ts 8192]
+    python bench/gpu.py [--specs a,b] [--skip-check] [--skip-time] [--Ts 2048,4096,8192,16384] [--fla]
 
 Check: fp32 and bf16 inputs, outputs, final states and every gradient against the float64
 interpreter on the same GPU (relative RMS: fp32 < 1e-3, bf16 < 1e-2), strong and weak decays,
 odd lengths, initial states, packed sequences; at T = 16384 the reference is the float64 torch
 backend (itself checked against the interpreter to ~1e-13 in CI). A backward miscompiled by the
 GPU's Triton shows up here as a failed gradient.
-Time: forward and forward+backward at B*T = 32768, H = 16, D = 128, bf16 (median of
-triton.testing.do_bench), peak memory, one-token decode; FLA (when importable) and SDPA side by side.
+Time: lamixer.bench (the same as `lamixer bench`): forward and forward+backward at B*T = 32768,
+H = 16, D = 128, bf16, peak memory, one-token decode; FLA (with --fla) and SDPA side by side.
 Results go to $OUT (or bench/results) as gpu.json.
 """
 from __future__ import annotations
@@ -17,18 +17,16 @@ import argparse
 import json
 import os
 import time
-import traceback
 
 import torch
-import torch.nn.functional as F
 import triton
 
 import lamixer
+from lamixer import bench
 from lamixer.backends import triton as triton_backend
 from lamixer.check import compare, random_call
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2}
-FLA_OPS = {"linear_attn": "chunk_linear_attn", "simple_gla": "chunk_simple_gla", "gla": "chunk_gla", "retnet": "chunk_retention"}
 
 
 def triton_specs() -> list[str]:
@@ -83,92 +81,6 @@ def _fb(m, tensors, states, backend):
     return out
 
 
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-
-
-def time_one(rows, label, fn, do, T, B, extra=None):
-    try:
-        with torch.no_grad():
-            tf = bench(fn)
-
-        def fb():
-            fn().backward(do)
-
-        tfb = bench(fb)
-        torch.cuda.reset_peak_memory_stats()
-        fb()
-        mem = torch.cuda.max_memory_allocated() / 2**30
-        rows.append(dict(kind="time", op=label, T=T, B=B, fwd_ms=round(tf, 4), fwdbwd_ms=round(tfb, 4), peak_GiB=round(mem, 2), **(extra or {})))
-    except Exception as e:  # a failing competitor must not stop the run
-        rows.append(dict(kind="time", op=label, T=T, B=B, error=repr(e)[:300]))
-    print(rows[-1], flush=True)
-
-
-def timing(names, Ts, fla_Ts, rows):
-    H, D = 16, 128
-    fla = {}
-    try:
-        import fla.ops as fo  # noqa: F401
-        import fla.ops.common.chunk_o as co
-        from fla.ops.gla import chunk_gla
-        from fla.ops.linear_attn import chunk_linear_attn
-        from fla.ops.retention import chunk_retention
-        from fla.ops.simple_gla import chunk_simple_gla
-
-        co.TRITON_ABOVE_3_7_1 = True  # time FLA's gated backward despite its Triton-3.6-on-Hopper guard (FLA #640)
-        fla = {"chunk_linear_attn": lambda q, k, v, g, gs: chunk_linear_attn(q, k, v, normalize=False)[0],
-               "chunk_simple_gla": lambda q, k, v, g, gs: chunk_simple_gla(q, k, v, gs)[0],
-               "chunk_gla": lambda q, k, v, g, gs: chunk_gla(q, k, v, g)[0],
-               "chunk_retention": lambda q, k, v, g, gs: chunk_retention(q, k, v)[0]}  # fmt: skip
-    except Exception:
-        traceback.print_exc()
-    for T in Ts:  # lamixer and SDPA first: a slow competitor cannot starve them
-        B = 32768 // T
-        for name in names:
-            m = lamixer.load(name)
-            tensors, _ = random_call(m, B=B, T=T, H=H, size=D, dtype=torch.bfloat16, initial_state=False, device="cuda", gate="normal",
-                                      distinct=False)
-            tensors = {k: v.requires_grad_() for k, v in tensors.items()}
-            do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-            time_one(rows, f"lamixer_{name}", lambda: m(**tensors, backend="triton")[0], do, T, B)
-        q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-        time_one(rows, "sdpa_causal", lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                                               is_causal=True).transpose(1, 2), do, T, B)  # fmt: skip
-        torch.cuda.empty_cache()
-    for T in fla_Ts:
-        B = 32768 // T
-        for name in names:
-            if name not in FLA_OPS or FLA_OPS[name] not in fla:
-                continue
-            m = lamixer.load(name)
-            tensors, _ = random_call(m, B=B, T=T, H=H, size=D, dtype=torch.bfloat16, initial_state=False, device="cuda", gate="normal",
-                                      distinct=False)
-            tensors = {k: v.requires_grad_() for k, v in tensors.items()}
-            do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-            q, k, v = (tensors[x] for x in ("q", "k", "v"))
-            g = tensors.get("g") if name == "gla" else None
-            gs = tensors.get("g").float().detach().requires_grad_() if name == "simple_gla" else None
-            time_one(rows, f"fla_{FLA_OPS[name]}", lambda: fla[FLA_OPS[name]](q, k, v, g, gs), do, T, B)
-        torch.cuda.empty_cache()
-
-
-def decode(names, rows):
-    H, D = 16, 128
-    for name in names:
-        m = lamixer.load(name)
-        for B in (1, 64, 256):
-            tensors, states = random_call(m, B=B, T=1, H=H, size=D, dtype=torch.bfloat16, device="cuda", distinct=False)
-            h0 = tuple(s.float() for s in states)
-            h0 = h0[0] if len(h0) == 1 else h0
-            with torch.no_grad():
-                t = bench(lambda: m(**tensors, initial_state=h0, output_final_state=True, backend="triton"))
-            state_bytes = 2 * sum(s.numel() * 4 for s in states)
-            rows.append(dict(kind="decode", op=f"lamixer_{name}", B=B, us=round(t * 1e3, 1), floor_us=round(state_bytes / 4.2e12 * 1e6, 1)))
-            print(rows[-1], flush=True)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--specs", default="")
@@ -178,7 +90,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="two check cases per spec and dtype, no T = 16384")
     ap.add_argument("--time-specs", default="", help="specs to time (default: those checked)")
     ap.add_argument("--Ts", default="2048,4096,8192,16384")
-    ap.add_argument("--fla-Ts", default="8192")
+    ap.add_argument("--fla", action="store_true", help="time FLA beside lamixer (its first-call autotuning takes minutes per op and shape)")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
     names = args.specs.split(",") if args.specs else triton_specs()
@@ -188,9 +100,10 @@ def main():
         if not args.skip_check:
             check(names, res["rows"], args.quick)
         if not args.skip_time:
-            timing(args.time_specs.split(",") if args.time_specs else names, [int(t) for t in args.Ts.split(",")], [int(t) for t in args.fla_Ts.split(",") if t], res["rows"])
-        if not args.skip_decode:
-            decode(names, res["rows"])
+            timed = [lamixer.load(n) for n in (args.time_specs.split(",") if args.time_specs else names)]
+            vs = {"sdpa"} | ({"fla"} if args.fla else set())
+            timing = bench.run(timed, [int(t) for t in args.Ts.split(",")], vs, decode=not args.skip_decode, log=lambda r: print(r, flush=True))
+            res["timing"] = timing
     finally:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gpu.json"), "w") as f:

@@ -175,6 +175,50 @@ def autotune(spec: str, B: int, T: int, H: int, size: int, dtype: str, limit: in
 
 
 @main.command()
+@click.argument("specs", nargs=-1, required=True)
+@click.option("--vs", default="fla,sdpa", show_default=True, help="Competitors: fla (when importable), sdpa.")
+@click.option("--Ts", "Ts", default="2048,4096,8192,16384", show_default=True, help="Sequence lengths (B*T = 32768).")
+@click.option("--decode/--no-decode", default=True, show_default=True, help="Also time a one-token decode step at B = 1, 64, 256.")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Save a plot of time against T.")
+@click.option("--out", "out_dir", default="bench/results", show_default=True, type=click.Path(file_okay=False))
+def bench(specs: tuple[str, ...], vs: str, Ts: str, decode: bool, plot_file: str | None, out_dir: str) -> None:
+    """Time SPECS' Triton kernels against FLA and SDPA on this GPU (forward, forward+backward, memory, decode)."""
+    import json
+    import os
+
+    import torch
+
+    from . import bench as bench_mod
+    from .backends import triton as triton_backend
+
+    if not torch.cuda.is_available():
+        raise click.ClickException("bench times kernels on a GPU and none is visible")
+    mixers = [_load(s) for s in specs]
+    for m in mixers:
+        missing = triton_backend.unsupported(m.compiled)
+        if missing:
+            raise click.ClickException(f"{m.name} has no Triton kernels yet: {'; '.join(missing)}")
+    lengths = [int(t) for t in Ts.split(",")]
+    res = bench_mod.run(mixers, lengths, set(vs.split(",")), decode, log=lambda row: console.print(row))
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"bench_{'_'.join(m.name for m in mixers)}.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    table = Table(title=f"{res['device']}: B*T = 32768, H = 16, D = 128, bf16 (median ms)")
+    for col in ("op", "T", "fwd", "fwd+bwd", "peak GiB", "vs FLA fwd / fwd+bwd", "fwd vs floor"):
+        table.add_column(col)
+    for r in res["rows"]:
+        if "T" in r:
+            ratio = f"{r.get('fwd_vs_fla', '-')} / {r.get('fwdbwd_vs_fla', '-')}" if r["op"].startswith("lamixer") else ""
+            table.add_row(r["op"], str(r["T"]), str(r.get("fwd_ms", r.get("error", "-"))), str(r.get("fwdbwd_ms", "-")),
+                          str(r.get("peak_GiB", "-")), ratio, str(r.get("fwd_vs_floor", "")))  # fmt: skip
+    console.print(table)
+    if plot_file:
+        bench_mod.plot(res, plot_file)
+    console.print(f"results in {path}" + (f", plot in {plot_file}" if plot_file else ""))
+
+
+@main.command()
 @click.argument("name")
 @click.option("--from", "base", default="linear_attn", show_default=True, help="The shipped spec or spec file to start from.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help=f"Where to write (default NAME{SPEC_SUFFIX}).")

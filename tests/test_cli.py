@@ -63,3 +63,21 @@ def test_new_writes_a_spec_that_loads(tmp_path):
     assert code != 0 and "exists" in out
     code, out = run("new", "9bad", "--from", "gla", "-o", str(tmp_path / "x.lam"))
     assert code != 0
+
+
+def test_bench_and_autotune_need_a_gpu():
+    code, out = run("bench", "gla")
+    assert code != 0 and "GPU" in out
+    code, out = run("autotune", "gla")
+    assert code != 0 and "GPU" in out
+
+
+def test_memory_floor_counts_inputs_and_outputs_once():
+    import torch
+
+    from lamixer.bench import floors
+
+    tensors = {"q": torch.empty(2, 8, 4, 16, dtype=torch.bfloat16), "g": torch.empty(2, 8, 4, dtype=torch.float32)}
+    fwd, fb = floors(tensors, out_numel=2 * 8 * 4 * 16, bandwidth=1e9)
+    ins, out = 2 * 8 * 4 * 16 * 2 + 2 * 8 * 4 * 4, 2 * 8 * 4 * 16 * 2
+    assert abs(fwd - 1e3 * (ins + out) / 1e9) < 1e-12 and abs(fb - 1e3 * 2 * (ins + out) / 1e9) < 1e-12

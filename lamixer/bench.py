@@ -1,0 +1,166 @@
+"""Timing lamixer's Triton kernels against FLA and SDPA on a GPU, and against the memory floor.
+
+One run times forward and forward+backward at B*T = 32768, H = 16, D = 128 (bf16) for each length,
+peak memory, and the one-token decode step; ratios to FLA (when importable: an optional benchmark
+dependency, never a runtime one) and to the time to move the inputs and outputs once at the
+measured copy bandwidth. `lamixer bench` and bench/gpu.py use it.
+"""
+from __future__ import annotations
+
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+from .check import random_call
+from .mixer import Mixer
+
+H, D, BT_TOTAL = 16, 128, 32768
+
+# The competitor for each shipped spec in flash-linear-attention: (chunk op, its call, recurrent op for decode, its call).
+COMPETITORS = {
+    "linear_attn": ("fla.ops.linear_attn:chunk_linear_attn", lambda f, t: f(t["q"], t["k"], t["v"], normalize=False),
+                    "fla.ops.linear_attn:fused_recurrent_linear_attn", lambda f, t, h0: f(t["q"], t["k"], t["v"], initial_state=h0, output_final_state=True, normalize=False)),
+    "simple_gla": ("fla.ops.simple_gla:chunk_simple_gla", lambda f, t: f(t["q"], t["k"], t["v"], t["g"].float()),
+                   "fla.ops.simple_gla:fused_recurrent_simple_gla", lambda f, t, h0: f(t["q"], t["k"], t["v"], t["g"].float(), initial_state=h0, output_final_state=True)),
+    "gla": ("fla.ops.gla:chunk_gla", lambda f, t: f(t["q"], t["k"], t["v"], t["g"]),
+            "fla.ops.gla:fused_recurrent_gla", lambda f, t, h0: f(t["q"], t["k"], t["v"], gk=t["g"], initial_state=h0, output_final_state=True)),
+    "retnet": ("fla.ops.retention:chunk_retention", lambda f, t: f(t["q"], t["k"], t["v"]),
+               "fla.ops.retention:fused_recurrent_retention", lambda f, t, h0: f(t["q"], t["k"], t["v"], initial_state=h0, output_final_state=True)),
+}  # fmt: skip
+
+
+def _import(path: str):
+    module, name = path.split(":")
+    return getattr(__import__(module, fromlist=[name]), name)
+
+
+def fla_available() -> bool:
+    try:
+        import fla.ops.common.chunk_o as chunk_o
+
+        # FLA refuses its gated backward on Triton 3.6 Hopper (its issue #640); time it anyway, as its users would
+        chunk_o.TRITON_ABOVE_3_7_1 = True
+        return True
+    except Exception:
+        return False
+
+
+def do_bench(fn) -> float:
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy of 1 GiB (read plus write)."""
+    x = torch.empty(2**29, dtype=torch.bfloat16, device="cuda").normal_()
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x))
+    return 2 * x.numel() * x.element_size() / (ms * 1e-3)
+
+
+def _time(label, fn, do, row) -> dict:
+    try:
+        with torch.no_grad():
+            row["fwd_ms"] = round(do_bench(fn), 4)
+
+        def fb():
+            fn().backward(do)
+
+        row["fwdbwd_ms"] = round(do_bench(fb), 4)
+        torch.cuda.reset_peak_memory_stats()
+        fb()
+        row["peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    except Exception as e:  # a failing competitor must not stop the run
+        traceback.print_exc()
+        row["error"] = repr(e)[:300]
+    return dict(op=label, **row)
+
+
+def floors(tensors: dict, out_numel: int, bandwidth: float) -> tuple[float, float]:
+    """The memory floor (ms) of a forward (inputs read, output written once) and a forward+backward
+    (also the output's gradient read and one gradient per input written)."""
+    ins = sum(t.numel() * t.element_size() for t in tensors.values())
+    out = out_numel * 2
+    return 1e3 * (ins + out) / bandwidth, 1e3 * (2 * ins + 2 * out) / bandwidth
+
+
+def run(mixers: list[Mixer], Ts: list[int], vs: set[str], decode: bool = True, log=print) -> dict:
+    """Every row of one benchmark run."""
+    bandwidth = copy_bandwidth()
+    have_fla = "fla" in vs and fla_available()
+    res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": round(bandwidth / 1e9, 1),
+           "fla": have_fla, "rows": []}  # fmt: skip
+    rows = res["rows"]
+    for T in Ts:
+        B = BT_TOTAL // T
+        for m in mixers:
+            tensors, _ = random_call(m, B=B, T=T, H=H, size=D, dtype=torch.bfloat16, initial_state=False, device="cuda", distinct=False)
+            tensors = {k: v.requires_grad_() for k, v in tensors.items()}
+            do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+            fwd_floor, fb_floor = floors({k: v for k, v in tensors.items() if v.dim() >= 3}, do.numel(), bandwidth)
+            ours = _time(f"lamixer {m.name}", lambda: m(**tensors, backend="triton")[0], do, dict(T=T, B=B))
+            ours.update(fwd_floor_ms=round(fwd_floor, 4), fwdbwd_floor_ms=round(fb_floor, 4))
+            if "fwd_ms" in ours:
+                ours["fwd_vs_floor"] = round(ours["fwd_ms"] / fwd_floor, 2)
+            rows.append(ours)
+            log(ours)
+            if have_fla and m.name in COMPETITORS:
+                path, call = COMPETITORS[m.name][:2]
+                fn = _import(path)
+                theirs = _time(f"fla {path.split(':')[1]}", lambda: call(fn, tensors)[0], do, dict(T=T, B=B))
+                rows.append(theirs)
+                log(theirs)
+                for k in ("fwd_ms", "fwdbwd_ms"):
+                    if k in ours and k in theirs:
+                        ours[f"{k[:-3]}_vs_fla"] = round(ours[k] / theirs[k], 2)
+        if "sdpa" in vs:
+            q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+            do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+            rows.append(_time("sdpa causal", lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                                                   is_causal=True).transpose(1, 2), do, dict(T=T, B=B)))  # fmt: skip
+            log(rows[-1])
+        torch.cuda.empty_cache()
+    if decode:
+        for m in mixers:
+            for B in (1, 64, 256):
+                tensors, states = random_call(m, B=B, T=1, H=H, size=D, dtype=torch.bfloat16, device="cuda", distinct=False)
+                h0 = tuple(s.float() for s in states)
+                state_floor_us = 1e6 * 2 * sum(s.numel() * 4 for s in h0) / bandwidth
+                with torch.no_grad():
+                    us = 1e3 * do_bench(lambda: m(**tensors, initial_state=h0 if len(h0) > 1 else h0[0], output_final_state=True, backend="triton"))
+                row = dict(op=f"lamixer {m.name} decode", B=B, us=round(us, 1), state_floor_us=round(state_floor_us, 1),
+                           vs_floor=round(us / state_floor_us, 1))  # fmt: skip
+                if have_fla and m.name in COMPETITORS:
+                    path, call = COMPETITORS[m.name][2:]
+                    fn = _import(path)
+                    with torch.no_grad():
+                        row["fla_us"] = round(1e3 * do_bench(lambda: call(fn, tensors, h0[0])), 1)
+                rows.append(row)
+                log(row)
+    return res
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in ((axes[0], "fwd_ms", "forward"), (axes[1], "fwdbwd_ms", "forward + backward")):
+        ops = sorted({r["op"] for r in res["rows"] if key in r})
+        for op in ops:
+            pts = sorted((r["T"], r[key]) for r in res["rows"] if r.get("op") == op and key in r)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=op)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("T (B*T = 32768, H = 16, D = 128, bf16)")
+        ax.set_ylabel("ms")
+        ax.set_title(f"{title}, {res['device']}")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
