@@ -28,9 +28,10 @@ class Config:
     BK: int  # key block of the dq scan
     num_warps: int
     num_stages: int
+    split: int = 0  # 1: the forward runs a state pass, then every 64-token segment in parallel
 
     def as_list(self) -> list[int]:
-        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages]
+        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split]
 
     @staticmethod
     def from_list(values) -> Config:
@@ -56,9 +57,10 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
             for BK in sorted({min(32, _pow2(K)), min(64, _pow2(K))}):
                 for warps in (4, 8):
                     for stages in (1, 2):
-                        c = Config(BT, BV, BK, warps, stages)
-                        if c not in out:
-                            out.append(c)
+                        for split in (1, 0):
+                            c = Config(BT, BV, BK, warps, stages, split)
+                            if c not in out:
+                                out.append(c)
     return out
 
 

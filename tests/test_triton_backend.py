@@ -99,3 +99,17 @@ def test_torch_compile_fullgraph_does_not_break_on_a_mixer():
     assert torch.equal(o, o2)
     for k in leaves:
         assert torch.equal(leaves[k].grad, eager[k].grad), k
+
+
+@pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla", "lln"])
+def test_split_forward_matches_interpreter(name, monkeypatch):
+    """The forward as a state pass plus every 64-token segment in parallel (an autotuning choice)."""
+    from lamixer.autotune import Config, default_config
+
+    m = lamixer.load(name)
+    decay = "vector" if name in ("gla", "rwkv6") else "scalar"
+    d = default_config(decay, 16, 16)
+    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", Config(d.BT, d.BV, d.BK, d.num_warps, d.num_stages, 1))
+    for T, cu in [(150, None), (None, [0, 5, 150, 171])]:
+        tensors, states = random_call(m, T=T or 1, H=2, cu_seqlens=cu, seed=6)
+        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=6), f"{name} split T={T} cu={cu}")

@@ -107,9 +107,19 @@ def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: 
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
     c = Config.from_list(cfg)
-    getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, c.BV), N * H)](
-        q, qs, a, b, g, h0, o, ht, cu_seqlens, T, H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=c.BV, USE_QS=qs is not None,
-        USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None, PRECISION="ieee", **_launch(c),
+    varlen = cu_seqlens is not None
+    NS, hs = 1, None
+    if c.split:  # a state pass leaves the state at every segment end; the segments then run in parallel
+        NS = triton_cdiv(T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max()), SEGMENT)
+        hs = torch.empty(N, NS, H, K, V, dtype=h0.dtype, device=a.device)
+        getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H)](
+            q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=c.BK, BV=_pow2(V), P=SEGMENT,
+            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION="ieee",
+            **_launch(c),
+        )  # fmt: skip
+    getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, c.BV), N * H, NS)](
+        q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=c.BV, P=SEGMENT,
+        USE_QS=qs is not None, USE_H0=True, STORE_HT=True, SPLIT=bool(c.split), IS_VARLEN=varlen, PRECISION="ieee", **_launch(c),
     )  # fmt: skip
     return o, ht
 
@@ -140,7 +150,8 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     c = Config.from_list(cfg)
     getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H)](
         q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=c.BK, BV=_pow2(V), P=SEGMENT,
-        USE_QS=qs is not None, USE_H0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(c),
+        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=hs is not None, IS_VARLEN=varlen, PRECISION="ieee",
+        ACC_PRECISION=_acc_precision(acc), **_launch(c),
     )  # fmt: skip
     BV = c.BV
     NV = triton_cdiv(V, BV)
