@@ -28,7 +28,7 @@ class Config:
     BK: int  # key block of the dq scan
     num_warps: int
     num_stages: int
-    split: int = 0  # 1: the forward runs a state pass, then every 64-token segment in parallel
+    split: int = 0  # 1: each walk runs a state pass, then every 64-token segment in parallel
 
     def as_list(self) -> list[int]:
         return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split]

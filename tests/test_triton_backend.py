@@ -102,8 +102,8 @@ def test_torch_compile_fullgraph_does_not_break_on_a_mixer():
 
 
 @pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla", "lln"])
-def test_split_forward_matches_interpreter(name, monkeypatch):
-    """The forward as a state pass plus every 64-token segment in parallel (an autotuning choice)."""
+def test_split_walks_match_interpreter(name, monkeypatch):
+    """Forward and backward as state passes plus every 64-token segment in parallel (an autotuning choice)."""
     from lamixer.autotune import Config, default_config
 
     m = lamixer.load(name)

@@ -112,10 +112,10 @@ def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: 
     if c.split:  # a state pass leaves the state at every segment end; the segments then run in parallel
         NS = triton_cdiv(T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max()), SEGMENT)
         hs = torch.empty(N, NS, H, K, V, dtype=h0.dtype, device=a.device)
-        getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H)](
+        getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H, 1)](
             q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=c.BK, BV=_pow2(V), P=SEGMENT,
-            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION="ieee",
-            **_launch(c),
+            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, IS_VARLEN=varlen, PRECISION="ieee",
+            ACC_PRECISION="ieee", **_launch(c),
         )  # fmt: skip
     getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, c.BV), N * H, NS)](
         q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=c.BV, P=SEGMENT,
@@ -145,13 +145,21 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     acc = h0.dtype
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
     NS = triton_cdiv(longest, SEGMENT)
-    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if decay != "none" else None
-    dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
     c = Config.from_list(cfg)
-    getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H)](
-        q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=c.BK, BV=_pow2(V), P=SEGMENT,
-        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=hs is not None, IS_VARLEN=varlen, PRECISION="ieee",
-        ACC_PRECISION=_acc_precision(acc), **_launch(c),
+    split = bool(c.split)
+    # the state at every segment end: for d(log decay), and as the starting points of a split walk
+    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if decay != "none" or split else None
+    dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
+    dq_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dq")
+    common = dict(H=H, K=K, V=V, BT=c.BT, P=SEGMENT, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(c))
+    if split:  # the state pass first, then every segment in parallel
+        dq_kernel[(triton_cdiv(K, c.BK), N * H, 1)](
+            q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
+            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, **common,
+        )  # fmt: skip
+    dq_kernel[(triton_cdiv(K, c.BK), N * H, NS if split else 1)](
+        q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
+        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=hs is not None and not split, SPLIT=split, **common,
     )  # fmt: skip
     BV = c.BV
     NV = triton_cdiv(V, BV)
@@ -159,11 +167,18 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     dgs = torch.empty(NV, N, NS, H, K, dtype=acc, device=a.device) if decay != "none" else None
     db = torch.empty_like(b)
     dh0 = torch.empty_like(h0)
-    getattr(mod, f"{mod.NAME}_bwd_kernel_dab")[(NV, N * H)](
-        q, qs, a, b, g, do, dht.contiguous(), da, db, dh0, hs, dgs, cu_seqlens, T, NS, B * T * H * K, N * NS * H * K,
-        H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=BV, P=SEGMENT,
-        USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc),
-        **_launch(c),
+    dht = dht.contiguous()
+    dab_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dab")
+    dhs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if split else None
+    strides = (B * T * H * K, N * NS * H * K)
+    if split:  # the reverse state pass: dS at every segment end
+        dab_kernel[(NV, N * H, 1)](
+            q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
+            USE_QS=qs is not None, USE_DHT=True, STORE_DH0=False, SPLIT=False, COMPUTE_DAB=False, STORE_DHS=True, **common,
+        )  # fmt: skip
+    dab_kernel[(NV, N * H, NS if split else 1)](
+        q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
+        USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, SPLIT=split, COMPUTE_DAB=True, STORE_DHS=False, **common,
     )  # fmt: skip
     da = da.sum(0)
     dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype) if g is not None else q.new_empty(0)
