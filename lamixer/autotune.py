@@ -44,7 +44,7 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 def default_config(decay: str, K: int, V: int) -> Config:
     # a per-dim decay holds [BT, BT, K] weights in registers: short chunks, more warps
-    if decay == "vector":
+    if decay in ("key", "value"):
         return Config(16, min(64, _pow2(V)), min(64, _pow2(K)), 8, 1)
     return Config(64, min(64, _pow2(V)), min(64, _pow2(K)), 4, 1)
 
@@ -52,7 +52,7 @@ def default_config(decay: str, K: int, V: int) -> Config:
 def candidates(decay: str, K: int, V: int) -> list[Config]:
     """The search space: chunk length, blocks, warps and pipeline stages, default first."""
     out = [default_config(decay, K, V)]
-    for BT in ((16, 32) if decay == "vector" else (32, 64)):
+    for BT in ((16, 32) if decay in ("key", "value") else (32, 64)):
         for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
             for BK in sorted({min(32, _pow2(K)), min(64, _pow2(K))}):
                 for warps in (4, 8):
@@ -149,7 +149,7 @@ class Trial:
 
 
 def _template_decay(decay: str) -> str:
-    return {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "vector"}[decay]
+    return {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key", "value": "value"}[decay]
 
 
 def _fwd_bwd(mixer, tensors, states, backend):

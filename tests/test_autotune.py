@@ -39,8 +39,8 @@ def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(private_cache, conte
 def test_without_an_entry_the_default_is_used_at_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        c = tb.scan_config("vector", "after", "float32", torch.float32, 2, 100, 4, 64, 64, torch.device("cpu"))
-    assert c == at.default_config("vector", 64, 64)
+        c = tb.scan_config("key", "after", "float32", torch.float32, 2, 100, 4, 64, 64, torch.device("cpu"))
+    assert c == at.default_config("key", 64, 64)
 
 
 def test_shape_buckets_share_entries():

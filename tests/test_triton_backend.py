@@ -20,7 +20,7 @@ def _assert_close(c, what):
 
 
 def test_the_additive_family_is_covered():
-    assert set(ADDITIVE) == {"linear_attn", "retnet", "simple_gla", "gla", "hgrn2", "metala", "rwkv6", "mamba2", "lln"}
+    assert set(ADDITIVE) == {"linear_attn", "retnet", "simple_gla", "gla", "hgrn2", "metala", "rwkv6", "mamba2", "lln", "gsa"}
 
 
 @pytest.mark.parametrize("name", ADDITIVE)
@@ -40,9 +40,9 @@ def test_triton_varlen(name):
     _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=4), f"{name} varlen")
 
 
-@pytest.mark.parametrize("spec", ["gla_normalized.lam", "simple_gla_bonus.lam"])
+@pytest.mark.parametrize("spec", ["gla_normalized.lam", "simple_gla_bonus.lam", "value_gated.lam"])
 def test_triton_novel_specs(spec):
-    """New specs of the family (a normalizer under a vector decay; a read between decay and write) need no Python."""
+    """New specs of the family (a normalizer under a per-dim decay; a read between decay and write) need no Python."""
     m = lamixer.load(os.path.join(EXAMPLES, spec))
     tensors, states = random_call(m, T=70, H=2, gate="strong", seed=2)
     _assert_close(compare(m, "triton", tensors, states, seed=2), spec)
@@ -55,7 +55,7 @@ def test_no_initial_state_and_scale():
 
 
 def test_specs_outside_the_family_say_why():
-    for name in ("deltanet", "gsa"):
+    for name in ("deltanet", "gated_deltanet"):
         m = lamixer.load(name)
         tensors, _ = random_call(m, T=4, seed=0)
         with pytest.raises(lamixer.ArgumentError, match="backend"):
@@ -66,13 +66,13 @@ def test_specs_outside_the_family_say_why():
 
 def test_rendered_source_is_cached_by_content(tmp_path, monkeypatch):
     monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
-    source = triton_backend.render("scan_additive", decay="vector", read="before", acc="float32")
-    assert "def scan_additive_vector_before_float32_fwd_kernel(" in source
-    assert "decay=vector, read=before" in source
+    source = triton_backend.render("scan_additive", decay="key", read="before", acc="float32")
+    assert "def scan_additive_key_before_float32_fwd_kernel(" in source
+    assert "decay=key, read=before" in source
     triton_backend.kernels.cache_clear()
-    mod = triton_backend.kernels("scan_additive", decay="vector", read="before", acc="float32")
+    mod = triton_backend.kernels("scan_additive", decay="key", read="before", acc="float32")
     files = list((tmp_path / "kernels").glob("scan_additive_*.py"))
-    assert len(files) == 1 and files[0].read_text() == source and hasattr(mod, "scan_additive_vector_before_float32_bwd_kernel_dab")
+    assert len(files) == 1 and files[0].read_text() == source and hasattr(mod, "scan_additive_key_before_float32_bwd_kernel_dab")
     triton_backend.kernels.cache_clear()
 
 
@@ -101,13 +101,13 @@ def test_torch_compile_fullgraph_does_not_break_on_a_mixer():
         assert torch.equal(leaves[k].grad, eager[k].grad), k
 
 
-@pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla", "lln"])
+@pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla", "lln", "gsa"])
 def test_split_walks_match_interpreter(name, monkeypatch):
     """Forward and backward as state passes plus every 64-token segment in parallel (an autotuning choice)."""
     from lamixer.autotune import Config, default_config
 
     m = lamixer.load(name)
-    decay = "vector" if name in ("gla", "rwkv6") else "scalar"
+    decay = "key" if name in ("gla", "rwkv6", "gsa") else "scalar"
     d = default_config(decay, 16, 16)
     monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", Config(d.BT, d.BV, d.BK, d.num_warps, d.num_stages, 1))
     for T, cu in [(150, None), (None, [0, 5, 150, 171])]:

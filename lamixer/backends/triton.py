@@ -35,8 +35,6 @@ def unsupported(compiled: Compiled) -> list[str]:
     for s in compiled.classification.scans:
         if s.rule != "additive":
             reasons.append(f"state {s.state}: the {s.rule} rule has no Triton template yet")
-        elif s.decay == "value":
-            reasons.append(f"state {s.state}: a decay along the value dim has no Triton template yet")
         elif len(s.reads) > 1:
             reasons.append(f"state {s.state}: more than one read of one state has no Triton template yet")
     return reasons
@@ -133,7 +131,7 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
 
 @torch.library.custom_op("lamixer::additive_scan_backward", mutates_args=())
 def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
-                           cu_seqlens: torch.Tensor | None, ht: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
+                           cu_seqlens: torch.Tensor | None, ht: torch.Tensor, o: torch.Tensor | None, do: torch.Tensor, dht: torch.Tensor,
                            decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dg, dh0) of additive_scan; dg is empty without a decay."""
     mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
@@ -164,7 +162,8 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     BV = c.BV
     NV = triton_cdiv(V, BV)
     da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
-    dgs = torch.empty(NV, N, NS, H, K, dtype=acc, device=a.device) if decay != "none" else None
+    # a value-dim decay's whole-segment term is over V, each value block writing its own columns
+    dgs = torch.empty(*((1, N, NS, H, V) if decay == "value" else (NV, N, NS, H, K)), dtype=acc, device=a.device) if decay != "none" else None
     db = torch.empty_like(b)
     dh0 = torch.empty_like(h0)
     dht = dht.contiguous()
@@ -181,24 +180,30 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
         USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, SPLIT=split, COMPUTE_DAB=True, STORE_DHS=False, **common,
     )  # fmt: skip
     da = da.sum(0)
-    dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype) if g is not None else q.new_empty(0)
+    if g is None:
+        dg = q.new_empty(0)
+    elif decay == "value":  # the output and b carry the decay on the value side: o * do - b * db
+        dg = _decay_grad(o, do, b, db, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
+    else:
+        dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
     return dq.to(q.dtype), da.to(a.dtype), db, dg, dh0
 
 
 @additive_scan_backward.register_fake
-def _(q, qs, a, b, g, h0, cu_seqlens, ht, do, dht, decay, read, cfg):
+def _(q, qs, a, b, g, h0, cu_seqlens, ht, o, do, dht, decay, read, cfg):
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
     q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
-    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1])
+    o = output[0] if decay == "value" else None  # a value-dim decay's gradient reads the output
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1], o)
     ctx.config = (decay, read, cfg)
 
 
 def _backward(ctx, do, dht):
-    q, qs, a, b, g, h0, cu_seqlens, ht = ctx.saved_tensors
-    dq, da, db, dg, dh0 = additive_scan_backward(q, qs, a, b, g, h0, cu_seqlens, ht, do, dht, *ctx.config)
+    q, qs, a, b, g, h0, cu_seqlens, ht, o = ctx.saved_tensors
+    dq, da, db, dg, dh0 = additive_scan_backward(q, qs, a, b, g, h0, cu_seqlens, ht, o, do, dht, *ctx.config)
     return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
 
 
@@ -228,7 +233,8 @@ def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
 
 def _decay_grad(q, dq, a, da, dgs, cu, read, decay) -> torch.Tensor:
     """d(log decay) of each token: within its segment of SEGMENT tokens, the suffix sum of q*dq (at the read's
-    position) - a*da, plus the segment's whole-decay term sum_v dS_end * S_end (dgs [N, NS, H, K]).
+    position) - a*da, plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs
+    [N, NS, H, D]). For a value-dim decay pass (o, do, b, db) for (q, dq, a, da).
 
     Summing only within segments keeps the rounding of dq and da from accumulating over the sequence.
     """
@@ -265,10 +271,12 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     if ops.g is None:
         decay, g = "none", None
+    elif ops.side == "value":
+        decay, g = "value", ops.g.contiguous()
     elif ops.g.shape[-1] == 1:
         decay, g = "scalar", ops.g[..., 0].contiguous()
     else:
-        decay, g = "vector", ops.g.contiguous()
+        decay, g = "key", ops.g.contiguous()
     a, b, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, q))
     h0 = ops.h0.to(acc).contiguous()
     qs = qs.to(acc).contiguous() if qs is not None else None
