@@ -74,7 +74,8 @@ CASES = [  # (label, T, gate, initial state, packed sequences)
 @click.option("--all", "all_specs", is_flag=True, help="Check every shipped spec.")
 @click.option("--backend", "backends", multiple=True, help="Backend(s) to check against the interpreter (default: every one available here).")
 @click.option("--seed", default=0, show_default=True)
-def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], seed: int) -> None:
+@click.option("--device", default=None, help="Where the random inputs live (default: cuda when visible and not under TRITON_INTERPRET, else cpu).")
+def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], seed: int, device: str | None) -> None:
     """Run backends against the interpreter on random float64 inputs: outputs, final states, all gradients."""
     from .backends import triton as triton_backend
     from .check import compare, random_call
@@ -83,6 +84,12 @@ def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], se
     if not names:
         raise click.UsageError("name a spec (or a spec file), or pass --all")
     mixers = [_load(n) for n in names]
+    if device is None:
+        import os
+
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
     if not backends:
         backends = ("torch", "triton") if _triton_runs_here() else ("torch",)
     table = Table(title=f"relative RMS error against the interpreter (float64; fail above {CHECK_TOLERANCE:g})")
@@ -100,7 +107,7 @@ def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], se
                     continue
                 for label, T, gate, init, cu in CASES:
                     progress.update(task, description=f"{m.name} / {backend} / {label}")
-                    tensors, states = random_call(m, T=T or 1, gate=gate, seed=seed, initial_state=init, cu_seqlens=cu)
+                    tensors, states = random_call(m, T=T or 1, gate=gate, seed=seed, initial_state=init, cu_seqlens=cu, device=device)
                     try:
                         c = compare(m, backend, tensors, states, cu_seqlens=cu, seed=seed)
                     except LamixerError as e:
