@@ -39,6 +39,7 @@ class Config:
 
 
 def _pow2(n: int, lo: int = 16) -> int:
+    """The next power of two at least n and lo (Triton block shapes are powers of two, dots at least 16)."""
     return max(lo, 1 << (max(n, 1) - 1).bit_length())
 
 

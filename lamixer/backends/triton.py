@@ -18,7 +18,7 @@ from pathlib import Path
 import jinja2
 import torch
 
-from ..autotune import Config, default_config, device_name, entry_key, lookup, shape_bucket
+from ..autotune import Config, _pow2, default_config, device_name, entry_key, lookup, shape_bucket
 from ..call import Call
 from ..compiler import Compiled
 from . import torch as torch_backend
@@ -53,6 +53,10 @@ def cache_dir() -> Path:
     return path
 
 
+def _digest(source: str) -> str:
+    return hashlib.sha256(f"{TEMPLATE_VERSION}\n{source}".encode()).hexdigest()[:16]
+
+
 def render(family: str, **config) -> str:
     name = f"{family}_" + "_".join(str(v) for v in config.values())
     return _environment().get_template(f"{family}.py.jinja").render(name=name, **config)
@@ -62,7 +66,7 @@ def render(family: str, **config) -> str:
 def kernels(family: str, **config):
     """The module of rendered kernels for one configuration (written atomically, imported once)."""
     source = render(family, **config)
-    digest = hashlib.sha256(f"{TEMPLATE_VERSION}\n{source}".encode()).hexdigest()[:16]
+    digest = _digest(source)
     path = cache_dir() / f"{family}_{digest}.py"
     if not path.exists() or path.read_text() != source:
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -74,10 +78,6 @@ def kernels(family: str, **config):
     spec.loader.exec_module(module)
     module.NAME = f"{family}_" + "_".join(str(v) for v in config.values())
     return module
-
-
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, 1 << (max(n, 1) - 1).bit_length())
 
 
 def _read_mode(decayed: bool, written: bool) -> str:
@@ -292,7 +292,7 @@ CONFIG_OVERRIDE: Config | None = None  # set by the autotuner while it times a c
 
 
 def kernel_hash(decay: str, read: str, acc: str) -> str:
-    return hashlib.sha256(f"{TEMPLATE_VERSION}\n{render('scan_additive', decay=decay, read=read, acc=acc)}".encode()).hexdigest()[:16]
+    return _digest(render("scan_additive", decay=decay, read=read, acc=acc))
 
 
 def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
