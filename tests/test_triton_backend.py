@@ -7,7 +7,7 @@ import torch
 
 import lamixer
 from lamixer.backends import triton as triton_backend
-from lamixer.check import compare, random_call
+from lamixer.check import compare, random_call, rel_rms
 
 TOL = 1e-7
 ADDITIVE = [n for n in lamixer.shipped_specs() if not triton_backend.unsupported(lamixer.load(n).compiled)]
@@ -113,3 +113,15 @@ def test_split_walks_match_interpreter(name, monkeypatch):
     for T, cu in [(150, None), (None, [0, 5, 150, 171])]:
         tensors, states = random_call(m, T=T or 1, H=2, cu_seqlens=cu, seed=6)
         _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=6), f"{name} split T={T} cu={cu}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_and_a_float32_gate(dtype):
+    """q, k, v in half precision with a float32 gate, as FLA's users call it: o in the input dtype, float32 state."""
+    m = lamixer.load("gla")
+    tensors, states = random_call(m, T=40, H=2, seed=3, dtype=torch.float32)
+    tensors = {k: v if k == "g" else v.to(dtype) for k, v in tensors.items()}
+    o, S = m(**tensors, initial_state=states[0], output_final_state=True, backend="triton")
+    ref, S_ref = m(**tensors, initial_state=states[0], output_final_state=True, backend="interpret")
+    assert o.dtype == dtype and S.dtype == torch.float32
+    assert rel_rms(o, ref) < 1e-2 and rel_rms(S, S_ref) < 1e-3

@@ -341,5 +341,7 @@ def direct_operands(compiled: Compiled, call: Call) -> dict[int, tuple[str, int 
 
 def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor]]:
     dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+        dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits
     direct = direct_operands(compiled, call)
     return torch_backend.run(compiled, call, scan_impl=functools.partial(triton_scan, dtype=dtype), direct=direct)
