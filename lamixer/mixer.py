@@ -57,17 +57,16 @@ class Mixer:
             raise ArgumentError("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if not isinstance(output_final_state, bool):
             raise ArgumentError("output_final_state", f"must be True or False, got {output_final_state!r}")
+        compute = torch.float64 if backend == "interpret" else None
+        call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
         if backend in ("auto", "triton"):
             from .backends import triton as triton_backend
 
-            missing = triton_backend.unsupported(self.compiled)
+            missing = triton_backend.unsupported(self.compiled, call.sizes)
             if backend == "triton" and missing:
                 raise ArgumentError("backend", f"{self.name} cannot run on Triton kernels: {'; '.join(missing)}")
             if backend == "auto":
-                on_gpu = any(t.is_cuda for t in list(tensors) + list(named.values()) if isinstance(t, torch.Tensor))
-                backend = "triton" if on_gpu and not missing else "torch"
-        compute = torch.float64 if backend == "interpret" else None
-        call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
+                backend = "triton" if call.device.type == "cuda" and not missing else "torch"
         if backend == "interpret":
             from .backends import interpret as impl
         elif backend == "triton":

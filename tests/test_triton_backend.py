@@ -125,3 +125,12 @@ def test_half_inputs_and_a_float32_gate(dtype):
     ref, S_ref = m(**tensors, initial_state=states[0], output_final_state=True, backend="interpret")
     assert o.dtype == dtype and S.dtype == torch.float32
     assert rel_rms(o, ref) < 1e-2 and rel_rms(S, S_ref) < 1e-3
+
+
+def test_head_dims_above_the_kernels_limit_are_refused_or_fall_back():
+    m = lamixer.load("simple_gla")
+    tensors, _ = random_call(m, T=3, H=1, size=300, seed=0, initial_state=False)
+    with pytest.raises(lamixer.ArgumentError, match="above the kernels' 256"):
+        m(**tensors, backend="triton")
+    o, _ = m(**tensors)  # auto: the torch backend
+    assert o.shape[-1] == 301

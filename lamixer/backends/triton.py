@@ -29,14 +29,21 @@ SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multipl
 _ACC = {torch.float32: "float32", torch.float64: "float64"}  # state and accumulator precision
 
 
-def unsupported(compiled: Compiled) -> list[str]:
-    """Why a spec's scans cannot all run on the templates (empty when they can)."""
+MAX_HEAD_DIM = 256  # a whole key (or value) row of the state sits in one program's registers
+
+
+def unsupported(compiled: Compiled, sizes: dict[str, int] | None = None) -> list[str]:
+    """Why a spec's scans cannot all run on the templates (empty when they can); with the call's dim sizes, also
+    why this call cannot."""
     reasons = []
     for s in compiled.classification.scans:
         if s.rule != "additive":
             reasons.append(f"state {s.state}: the {s.rule} rule has no Triton template yet")
         elif len(s.reads) > 1:
             reasons.append(f"state {s.state}: more than one read of one state has no Triton template yet")
+        for d in (s.key_dim, s.value_dim):
+            if sizes is not None and d is not None and sizes[d] > MAX_HEAD_DIM:
+                reasons.append(f"state {s.state}: {d} = {sizes[d]} is above the kernels' {MAX_HEAD_DIM}")
     return reasons
 
 
