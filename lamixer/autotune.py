@@ -149,10 +149,6 @@ class Trial:
     note: str = ""
 
 
-def _template_decay(decay: str) -> str:
-    return {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key", "value": "value"}[decay]
-
-
 def _fwd_bwd(mixer, tensors, states, backend):
     leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
     h0 = tuple(s.detach().clone().requires_grad_() for s in states)
@@ -182,7 +178,7 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     reference = _fwd_bwd(mixer, {k: v.float() for k, v in tensors.items()}, states, "torch")
     tol = 1e-3 if dtype == torch.float32 else 1e-2
     scans = mixer.compiled.classification.scans
-    decay = _template_decay(scans[0].decay)
+    decay = tb.template_config(scans[0])[0]
     K = size
     trials = []
     for config in candidates(decay, K, size)[:limit]:
@@ -211,8 +207,7 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     keys = []
     acc = "float32"
     for s in scans:
-        read = "after" if s.reads[0].written else ("mid" if s.reads[0].decayed else "before")
-        key = entry_key(device_name(torch.device(device)), tb.kernel_hash(_template_decay(s.decay), read, acc), dtype,
+        key = entry_key(device_name(torch.device(device)), tb.kernel_hash(*tb.template_config(s), acc), dtype,
                         shape_bucket(B, T, H, K, size))  # fmt: skip
         if key not in keys:
             store(key, best.config, {describe(t.config): t.ms for t in timed})

@@ -95,6 +95,22 @@ def report(c: Compiled) -> list[str]:
     lines.append("")
     lines.append("plan:")
     lines.extend(f"  {i + 1}. {stage}" for i, stage in enumerate(plan.stages(g, cls)))
+    lines.append("")
+    lines.extend(_kernels(c))
+    return lines
+
+
+def _kernels(c: Compiled) -> list[str]:
+    """Which generated kernels the triton backend runs for each scan, or why it cannot."""
+    from .backends import triton as triton_backend
+
+    missing = triton_backend.unsupported(c)
+    if missing:
+        return ["triton kernels: none (the torch backend runs): " + "; ".join(missing)]
+    lines = ["triton kernels:"]
+    for s in c.classification.scans:
+        decay, read = triton_backend.template_config(s)
+        lines.append(f"  scan {s.state}: scan_additive_{decay}_{read}_float32_{{fwd_kernel, bwd_kernel_dq, bwd_kernel_dab}}")
     return lines
 
 

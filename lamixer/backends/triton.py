@@ -91,6 +91,12 @@ def _read_mode(decayed: bool, written: bool) -> str:
     return "after" if written else ("mid" if decayed else "before")
 
 
+def template_config(scan) -> tuple[str, str]:
+    """The (decay, read) a classified scan renders scan_additive with (a constant decay runs as a scalar one)."""
+    decay = {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key", "value": "value"}[scan.decay]
+    return decay, _read_mode(scan.reads[0].decayed, scan.reads[0].written)
+
+
 def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, int]]:
     """(batch row, start, end) of each sequence."""
     if cu is None:
