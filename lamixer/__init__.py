@@ -4,7 +4,8 @@
     o, final_state = mixer(q, k, v, g, output_final_state=True)
 """
 from .errors import ArgumentError, LamixerError, SpecError
+from .layers import Layer, LayerState
 from .mixer import Mixer, load, loads, shipped_specs
 
-__all__ = ["ArgumentError", "LamixerError", "Mixer", "SpecError", "load", "loads", "shipped_specs"]
+__all__ = ["ArgumentError", "Layer", "LayerState", "LamixerError", "Mixer", "SpecError", "load", "loads", "shipped_specs"]
 __version__ = "0.1.0"

@@ -71,6 +71,7 @@ class Graph:
     uses_scale: bool = False
     source: str = ""
     filename: str = "<spec>"
+    layer: LayerInfo | None = None  # the spec's layer section, if it has one
     _next: int = 0
 
     def add(self, op: str, args: tuple[int, ...] = (), dims: tuple[str, ...] = (), loc: Loc | None = None, **attrs) -> int:
@@ -136,3 +137,71 @@ class Graph:
         else:
             text = op
         return text + (f" [{', '.join(d['dims'])}]" if d["dims"] else "")
+
+
+# ---- the layer section, lowered: a declarative plan that lamixer.layers builds modules from ----
+# Expressions stay syntax trees (lamixer.syntax); lowering has checked every name and dim in them.
+@dataclass(frozen=True)
+class LayerParamInfo:
+    name: str
+    dims: tuple[str, ...]  # feature dims, without the leading H
+    per_head: bool
+    init: object  # syntax.Expr over numbers, options, dims and draws (uniform, log_uniform, normal)
+    of_mixer: bool  # a param the mixer takes (else used only by the layer's maps)
+
+
+@dataclass(frozen=True)
+class ProjInfo:
+    name: str
+    dims: tuple[str, ...]
+    rank: int | str | None  # low rank: a number or an option's name
+    activation: str | None  # between the low-rank factors
+    bias: bool
+    shared: bool  # one projection for all heads
+
+
+@dataclass(frozen=True)
+class ConvInfo:
+    name: str  # an input, or "hidden" for the hidden state before the projections
+    kernel: int | str
+    activation: str | None
+
+
+@dataclass(frozen=True)
+class MapInfo:
+    name: str
+    dims: tuple[str, ...]
+    value: object  # syntax.Expr over layer values, layer params, options, dims
+
+
+@dataclass(frozen=True)
+class RotaryInfo:
+    name: str  # a vector input, rotated by its token's position after the maps
+    base: int | str  # the wavelength base (a number or an option's name)
+
+
+@dataclass(frozen=True)
+class ShiftInfo:
+    name: str  # a projected input whose projection reads a lerp of x_t and x_{t-1}
+    rank: int | str | None  # the data-dependent part's rank, or None for a learned constant mix
+
+
+@dataclass(frozen=True)
+class PostInfo:
+    kind: str  # "norm" or "gate"
+    fn: str  # rmsnorm / layernorm, or the gate's activation
+    per_head: bool = False
+
+
+@dataclass
+class LayerInfo:
+    options: dict[str, float] = field(default_factory=dict)
+    sizes: dict[str, object] = field(default_factory=dict)  # dim -> syntax.Expr over options, hidden, H
+    params: dict[str, LayerParamInfo] = field(default_factory=dict)
+    projs: list[ProjInfo] = field(default_factory=list)
+    convs: list[ConvInfo] = field(default_factory=list)
+    maps: list[MapInfo] = field(default_factory=list)
+    rotary: list[RotaryInfo] = field(default_factory=list)
+    shifts: list[ShiftInfo] = field(default_factory=list)
+    post: list[PostInfo] = field(default_factory=list)
+    loc: Loc = Loc(1, 1)

@@ -315,4 +315,266 @@ class _Lowerer:
 
 def lower(spec: S.Spec) -> ir.Graph:
     """Build the IR of a parsed spec; mistakes raise located SpecErrors."""
-    return _Lowerer(spec).run()
+    graph = _Lowerer(spec).run()
+    if spec.layer is not None:
+        graph.layer = lower_layer(spec.layer, graph)
+    return graph
+
+
+# ---- the layer section ----
+# Names a layer expression may call: the mixer's elementwise functions and, in a param's init,
+# random draws. `swish` is the papers' name for silu.
+LAYER_UNARY = set(ir.UNARY) | {"swish"}
+LAYER_BINARY = {"pow", "max", "min"}
+INIT_DRAWS = {"uniform": "uniform(lo, hi)", "log_uniform": "log_uniform(lo, hi)", "normal": "normal(mean, std)"}
+INIT_ONLY = {"inv_softplus"}  # log(exp(x) - 1): a bias whose softplus is x (Mamba-2's dt_bias)
+NORMS = ("rmsnorm", "layernorm")
+HIDDEN = "hidden"  # the layer's input, before projections
+LAYER_ARGUMENTS = ("spec", "hidden_size", "num_heads", "backend")  # options are keyword arguments beside these
+
+
+def canonical_fn(name: str) -> str:
+    return "silu" if name == "swish" else name
+
+
+class _LayerLowerer:
+    """Checks a layer section against the lowered mixer and builds its LayerInfo."""
+
+    def __init__(self, section: S.LayerSection, graph: ir.Graph):
+        self.section = section
+        self.graph = graph
+        self.info = ir.LayerInfo(loc=section.loc)
+        self.inputs = {op.name: op for op in graph.operands if op.kind == "input"}
+        self.mixer_params = {op.name: op for op in graph.operands if op.kind == "param"}
+        self.seen: dict[str, Loc] = {}  # options and layer params by name
+        self.defined: dict[str, tuple[str, ...]] = {}  # layer values (projected or mapped) -> dims
+        self.projected: set[str] = set()
+
+    def err(self, message: str, loc: Loc) -> SpecError:
+        return SpecError(message, loc)
+
+    # -- expressions: dims of a per-token, per-head value; scalars have () --
+    def expr_dims(self, e: S.Expr, names: dict[str, tuple[str, ...]], calls: set[str], what: str) -> tuple[str, ...]:
+        if isinstance(e, S.Num):
+            return ()
+        if isinstance(e, S.Name):
+            if e.id in names:
+                return names[e.id]
+            hint = _Lowerer._hint(e.id, names)
+            raise self.err(f"unknown name '{e.id}' in {what}{hint} (it may use {', '.join(sorted(names)) or 'only numbers'})", e.loc)
+        if isinstance(e, S.Neg):
+            return self.expr_dims(e.operand, names, calls, what)
+        if isinstance(e, S.BinOp):
+            a, b = (self.expr_dims(x, names, calls, what) for x in (e.left, e.right))
+            if e.op == "matmul":
+                raise self.err(f"'@' is not allowed in {what}: layer expressions are elementwise", e.loc)
+            return self.broadcast(a, b, e.op, e.loc)
+        if e.kwargs:
+            raise self.err(f"{e.fn}() takes no keyword arguments", e.kwargs[0][2])
+        if e.fn not in calls:
+            raise self.err(f"unknown function '{e.fn}' in {what}{_Lowerer._hint(e.fn, calls)}", e.loc)
+        want = 2 if e.fn in LAYER_BINARY or e.fn in INIT_DRAWS else 1
+        if len(e.args) != want:
+            raise self.err(f"{e.fn}() takes {want} argument{'s' if want > 1 else ''}, got {len(e.args)}", e.loc)
+        dims = [self.expr_dims(a, names, calls, what) for a in e.args]
+        if e.fn in INIT_DRAWS:
+            if any(dims) or not all(self.is_constant(a) for a in e.args):
+                raise self.err(f"the bounds of {INIT_DRAWS[e.fn]} must be numbers", e.loc)
+            return ()
+        return self.broadcast(dims[0], dims[1], e.fn, e.loc) if want == 2 else dims[0]
+
+    def broadcast(self, a: tuple[str, ...], b: tuple[str, ...], fn: str, loc: Loc) -> tuple[str, ...]:
+        if set(a) <= set(b):
+            return b
+        if set(b) <= set(a):
+            return a
+        raise self.err(f"cannot combine values of dims {_fmt(a)} and {_fmt(b)} with '{fn}'", loc)
+
+    def is_constant(self, e: S.Expr) -> bool:
+        """Numbers, options and dims combined by arithmetic (no draws, no layer values)."""
+        if isinstance(e, S.Num):
+            return True
+        if isinstance(e, S.Name):
+            return e.id in self.info.options or e.id in self.graph.dims
+        if isinstance(e, S.Neg):
+            return self.is_constant(e.operand)
+        if isinstance(e, S.BinOp):
+            return self.is_constant(e.left) and self.is_constant(e.right)
+        return e.fn not in INIT_DRAWS and all(self.is_constant(a) for a in e.args)
+
+    def constants(self) -> dict[str, tuple[str, ...]]:
+        return {**{o: () for o in self.info.options}, **{d: () for d in self.graph.dims}}
+
+    # -- statements --
+    def name_free(self, name: str, loc: Loc, what: str) -> None:
+        taken = {HIDDEN: "the hidden state", "H": "the number of heads"}
+        taken.update({d: "a dim" for d in self.graph.dims})
+        taken.update({n: "an input" for n in self.inputs})
+        if name in taken:
+            raise self.err(f"{what} '{name}' would shadow {taken[name]}", loc)
+        if name in self.seen:
+            raise self.err(f"'{name}' is already defined in the layer section at line {self.seen[name].line}", loc)
+        self.seen[name] = loc
+
+    def count(self, c: S.Count, what: str) -> int | str:
+        if isinstance(c.value, int):
+            if c.value < 1:
+                raise self.err(f"{what} must be at least 1", c.loc)
+            return c.value
+        if c.value not in self.info.options:
+            raise self.err(f"{what} must be a whole number or an option, not '{c.value}'{_Lowerer._hint(c.value, self.info.options)}", c.loc)
+        return c.value
+
+    def activation(self, ident: S.Ident | None) -> str | None:
+        if ident is None:
+            return None
+        if ident.id not in LAYER_UNARY:
+            raise self.err(f"unknown activation '{ident.id}'{_Lowerer._hint(ident.id, LAYER_UNARY)}", ident.loc)
+        return canonical_fn(ident.id)
+
+    def option(self, st: S.LayerOption) -> None:
+        if st.name in LAYER_ARGUMENTS:
+            raise self.err(f"'{st.name}' is an argument of lamixer.Layer itself; name the option otherwise", st.loc)
+        self.name_free(st.name, st.loc, "option")
+        value = st.value
+        sign = 1.0
+        if isinstance(value, S.Neg):
+            value, sign = value.operand, -1.0
+        if not isinstance(value, S.Num):
+            raise self.err(f"option '{st.name}' needs a number as its default", st.value.loc)
+        self.info.options[st.name] = sign * value.value
+
+    def size(self, st: S.LayerSize) -> None:
+        if st.dim not in self.graph.dims:
+            raise self.err(f"`size` sets a dim of the mixer; '{st.dim}' is not one{_Lowerer._hint(st.dim, self.graph.dims)}", st.loc)
+        if st.dim in self.info.sizes:
+            raise self.err(f"the size of '{st.dim}' is set twice", st.loc)
+        names = {**{o: () for o in self.info.options}, HIDDEN: (), "H": ()}
+        self.expr_dims(st.value, names, LAYER_UNARY | LAYER_BINARY, f"the size of '{st.dim}'")
+        self.info.sizes[st.dim] = st.value
+
+    def param(self, st: S.LayerParam) -> None:
+        mixer = self.mixer_params.get(st.name)
+        if mixer is None:
+            self.name_free(st.name, st.loc, "param")
+            if st.shape is None:
+                raise self.err(f"layer param '{st.name}' needs a shape, e.g. `param {st.name}[H] = ...`", st.loc)
+        elif st.name in self.info.params:
+            raise self.err(f"param '{st.name}' is initialised twice", st.loc)
+        shape = st.shape
+        if shape is not None:
+            for d, dloc in zip(shape.dims, shape.locs):
+                if d != ir.HEAD_DIM and d not in self.graph.dims:
+                    raise self.err(f"unknown dim '{d}'{_Lowerer._hint(d, self.graph.dims)}", dloc)
+            if ir.HEAD_DIM in shape.dims[1:]:
+                raise self.err("the head dim H may only lead a param's shape", shape.locs[shape.dims.index(ir.HEAD_DIM, 1)])
+            if len(shape.dims) > 2 or len(set(shape.dims)) != len(shape.dims):
+                raise self.err(f"a layer param is [H], [H, D] or [D], got {_fmt(shape.dims)}", st.loc)
+            per_head = shape.dims[:1] == (ir.HEAD_DIM,)
+            dims = shape.dims[1:] if per_head else shape.dims
+            if mixer is not None and (per_head != mixer.per_head or dims != mixer.dims):
+                want = _fmt(((ir.HEAD_DIM,) if mixer.per_head else ()) + mixer.dims)
+                raise self.err(f"param '{st.name}' is declared {want} by the mixer, not {_fmt(shape.dims)}", st.loc)
+        else:
+            per_head, dims = mixer.per_head, mixer.dims
+        init_dims = self.expr_dims(st.init, self.constants(), LAYER_UNARY | LAYER_BINARY | set(INIT_DRAWS) | INIT_ONLY,
+                                   f"the init of '{st.name}'")  # fmt: skip
+        assert init_dims == ()
+        self.info.params[st.name] = ir.LayerParamInfo(st.name, dims, per_head, st.init, mixer is not None)
+
+    def proj(self, st: S.Proj) -> None:
+        rank = self.count(st.lowrank, "the rank") if st.lowrank is not None else None
+        if st.activation is not None and rank is None:
+            raise self.err("an activation goes between low-rank factors: `lowrank R fn`", st.activation.loc)
+        act = self.activation(st.activation)
+        for ident in st.names:
+            if ident.id not in self.inputs:
+                raise self.err(f"`proj` makes an input of the mixer; '{ident.id}' is not one{_Lowerer._hint(ident.id, self.inputs)}", ident.loc)
+            if ident.id in self.projected:
+                raise self.err(f"'{ident.id}' is projected twice", ident.loc)
+            self.projected.add(ident.id)
+            self.defined[ident.id] = self.inputs[ident.id].dims
+            self.info.projs.append(ir.ProjInfo(ident.id, self.inputs[ident.id].dims, rank, act, st.bias, st.shared))
+
+    def conv(self, st: S.Conv) -> None:
+        kernel = self.count(st.kernel, "the kernel size")
+        act = self.activation(st.activation)
+        done = {c.name for c in self.info.convs}
+        for ident in st.names:
+            if ident.id != HIDDEN and ident.id not in self.projected:
+                raise self.err(f"`conv` applies to `{HIDDEN}` or a projected input; '{ident.id}' is neither (project it first)", ident.loc)
+            if ident.id in done:
+                raise self.err(f"'{ident.id}' is convolved twice", ident.loc)
+            done.add(ident.id)
+            self.info.convs.append(ir.ConvInfo(ident.id, kernel, act))
+
+    def map(self, st: S.Map) -> None:
+        if st.fn is not None:
+            fn = self.activation(st.fn)
+            for ident in st.names:
+                if ident.id not in self.defined:
+                    raise self.err(f"'{ident.id}' is not defined yet: `proj` it or `map {ident.id} = ...` first", ident.loc)
+                call = S.Call(fn, (S.Name(ident.id, ident.loc),), (), st.fn.loc)
+                self.info.maps.append(ir.MapInfo(ident.id, self.defined[ident.id], call))
+            return
+        target = st.names[0]
+        if target.id not in self.inputs:
+            raise self.err(f"`map` defines an input of the mixer; '{target.id}' is not one{_Lowerer._hint(target.id, self.inputs)}", target.loc)
+        names = {**self.constants(), **{p.name: p.dims for p in self.info.params.values() if not p.of_mixer}, **self.defined}
+        got = self.expr_dims(st.value, names, LAYER_UNARY | LAYER_BINARY, f"the map of '{target.id}'")
+        want = self.inputs[target.id].dims
+        if not set(got) <= set(want):
+            raise self.err(f"'{target.id}' has dims {_fmt(want)} but the map gives {_fmt(got)}", st.value.loc)
+        self.defined[target.id] = want
+        self.info.maps.append(ir.MapInfo(target.id, want, st.value))
+
+    def rotary(self, st: S.Rotary) -> None:
+        base = self.count(st.base, "the rotary base") if st.base is not None else 10000
+        for ident in st.names:
+            op = self.inputs.get(ident.id)
+            if op is None or len(op.dims) != 1:
+                raise self.err(f"`rotary` turns a vector input of the mixer; '{ident.id}' is not one", ident.loc)
+            if any(r.name == ident.id for r in self.info.rotary):
+                raise self.err(f"'{ident.id}' is rotated twice", ident.loc)
+            self.info.rotary.append(ir.RotaryInfo(ident.id, base))
+
+    def shift(self, st: S.Shift) -> None:
+        rank = self.count(st.lowrank, "the rank") if st.lowrank is not None else None
+        for ident in st.names:
+            if ident.id not in self.projected:
+                raise self.err(f"`shift` mixes the hidden state a projection reads; '{ident.id}' is not projected (project it first)", ident.loc)
+            if any(s.name == ident.id for s in self.info.shifts):
+                raise self.err(f"'{ident.id}' is shifted twice", ident.loc)
+            self.info.shifts.append(ir.ShiftInfo(ident.id, rank))
+
+    def norm(self, st: S.Norm) -> None:
+        if st.kind.id not in NORMS:
+            raise self.err(f"unknown norm '{st.kind.id}' (one of {', '.join(NORMS)})", st.kind.loc)
+        if st.scope is not None and st.scope.id != "per_head":
+            raise self.err(f"a norm is over all heads or `per_head`, not '{st.scope.id}'", st.scope.loc)
+        self.info.post.append(ir.PostInfo("norm", st.kind.id, st.scope is not None))
+
+    def out_gate(self, st: S.OutGate) -> None:
+        self.info.post.append(ir.PostInfo("gate", self.activation(st.fn)))
+
+    def run(self) -> ir.LayerInfo:
+        handlers = {S.LayerOption: self.option, S.LayerSize: self.size, S.LayerParam: self.param, S.Proj: self.proj,
+                    S.Conv: self.conv, S.Map: self.map, S.Rotary: self.rotary, S.Shift: self.shift, S.Norm: self.norm, S.OutGate: self.out_gate}  # fmt: skip
+        for st in self.section.statements:
+            handlers[type(st)](st)
+        loc = self.section.loc
+        for name in self.inputs:
+            if name not in self.defined:
+                raise self.err(f"the layer never makes input '{name}': add `proj {name}` or `map {name} = ...`", loc)
+        for name in self.mixer_params:
+            if name not in self.info.params:
+                raise self.err(f"the layer does not initialise param '{name}': add `param {name} = ...` (e.g. 0)", loc)
+        for dim, default in self.graph.dims.items():
+            if default is None and dim not in self.info.sizes:
+                raise self.err(f"the layer does not size dim '{dim}': add `size {dim} = ...` (e.g. hidden / H)", loc)
+        return self.info
+
+
+def lower_layer(section: S.LayerSection, graph: ir.Graph) -> ir.LayerInfo:
+    """Check a spec's layer section against its lowered mixer; mistakes raise located SpecErrors."""
+    return _LayerLowerer(section, graph).run()

@@ -137,6 +137,72 @@ class _ToAst(Transformer):
     def assign(self, meta, c):
         return S.Assign(str(c[0]), c[1], _loc(c[0]))
 
+    # -- the layer section --
+    def name_list(self, meta, c):
+        return tuple(S.Ident(str(t), _loc(t)) for t in c)
+
+    def count(self, meta, c):
+        t = c[0]
+        return S.Count(int(t) if t.type == "INT" else str(t), _loc(t))
+
+    def _ident(self, t) -> S.Ident | None:
+        return None if t is None else S.Ident(str(t), _loc(t))
+
+    def option_item(self, meta, c):
+        return S.LayerOption(str(c[0]), c[1], _loc(c[0]))
+
+    def size_item(self, meta, c):
+        return S.LayerSize(str(c[0]), c[1], _loc(c[0]))
+
+    option_decl = size_decl = _items
+
+    def lparam_decl(self, meta, c):
+        return S.LayerParam(str(c[0]), c[1], c[2], _loc(c[0]))
+
+    def proj_lowrank(self, meta, c):
+        return ("lowrank", c[0], self._ident(c[1]))
+
+    def proj_bias(self, meta, c):
+        return ("bias",)
+
+    def proj_shared(self, meta, c):
+        return ("shared",)
+
+    def proj_decl(self, meta, c):
+        names, flags = c[0], c[1:]
+        lowrank = next((f for f in flags if f[0] == "lowrank"), None)
+        if sum(f[0] == "lowrank" for f in flags) > 1:
+            raise SpecError("`lowrank` given twice", names[0].loc)
+        return S.Proj(names, lowrank[1] if lowrank else None, lowrank[2] if lowrank else None,
+                      any(f[0] == "bias" for f in flags), any(f[0] == "shared" for f in flags), Loc(meta.line, meta.column))  # fmt: skip
+
+    def conv_decl(self, meta, c):
+        return S.Conv(c[0], c[1], self._ident(c[2]), Loc(meta.line, meta.column))
+
+    def map_fn(self, meta, c):
+        return S.Map(c[0], self._ident(c[1]), None, Loc(meta.line, meta.column))
+
+    def map_expr(self, meta, c):
+        return S.Map((S.Ident(str(c[0]), _loc(c[0])),), None, c[1], Loc(meta.line, meta.column))
+
+    def rotary_decl(self, meta, c):
+        return S.Rotary(c[0], c[1], Loc(meta.line, meta.column))
+
+    def shift_decl(self, meta, c):
+        return S.Shift(c[0], c[1], Loc(meta.line, meta.column))
+
+    def norm_decl(self, meta, c):
+        return S.Norm(self._ident(c[0]), self._ident(c[1]), Loc(meta.line, meta.column))
+
+    def out_gate_decl(self, meta, c):
+        return S.OutGate(self._ident(c[0]), Loc(meta.line, meta.column))
+
+    def layer_section(self, meta, c):
+        statements: list = []
+        for item in c:
+            statements.extend(item if isinstance(item, list) else [item])
+        return S.LayerSection(tuple(statements), Loc(meta.line, meta.column))
+
     def header(self, meta, c):
         title = str(c[1])[1:-1] if c[1] is not None else ""
         return (str(c[0]), title, _loc(c[0]))
@@ -144,9 +210,13 @@ class _ToAst(Transformer):
     def start(self, meta, c):
         (name, title, loc), *rest = c
         statements: list = []
+        layer = None
         for item in rest:
-            statements.extend(item if isinstance(item, list) else [item])
-        return S.Spec(name, title, statements, loc=loc)
+            if isinstance(item, S.LayerSection):
+                layer = item
+            else:
+                statements.extend(item if isinstance(item, list) else [item])
+        return S.Spec(name, title, statements, loc=loc, layer=layer)
 
 
 _TERMINAL_WORDS = {"NAME": "a name", "NUMBER": "a number", "SIGNED_NUMBER": "a number", "INT": "a whole number",

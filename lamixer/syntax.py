@@ -120,6 +120,107 @@ class Assign:
 Statement = DimDecl | InputDecl | ParamDecl | StateDecl | Default | Stat | Let | Out | Assign
 
 
+# ---- the layer section ----
+@dataclass(frozen=True)
+class Ident:
+    """A name in a layer statement, with where it was written."""
+
+    id: str
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Count:
+    """A whole number written literally, or the name of an option that gives it."""
+
+    value: int | str
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class LayerOption:
+    name: str
+    value: Expr
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class LayerSize:
+    dim: str
+    value: Expr
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class LayerParam:
+    name: str
+    shape: Shape | None
+    init: Expr
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Proj:
+    names: tuple[Ident, ...]
+    lowrank: Count | None
+    activation: Ident | None  # between the two low-rank factors
+    bias: bool
+    shared: bool  # one projection for all heads
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Conv:
+    names: tuple[Ident, ...]
+    kernel: Count
+    activation: Ident | None
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Map:
+    names: tuple[Ident, ...]
+    fn: Ident | None  # `map q, k silu`
+    value: Expr | None  # `map g = logsigmoid(g) / 16`
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Rotary:
+    names: tuple[Ident, ...]
+    base: Count | None  # 10000 when not given
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Shift:
+    names: tuple[Ident, ...]
+    lowrank: Count | None  # a data-dependent mix through this rank (RWKV-6's ddlerp)
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Norm:
+    kind: Ident
+    scope: Ident | None
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class OutGate:
+    fn: Ident
+    loc: Loc
+
+
+LayerStatement = LayerOption | LayerSize | LayerParam | Proj | Conv | Map | Rotary | Shift | Norm | OutGate
+
+
+@dataclass(frozen=True)
+class LayerSection:
+    statements: tuple[LayerStatement, ...]
+    loc: Loc
+
+
 @dataclass
 class Spec:
     name: str
@@ -128,3 +229,4 @@ class Spec:
     source: str = ""
     filename: str = "<spec>"
     loc: Loc = Loc(1, 1)
+    layer: LayerSection | None = None
