@@ -246,3 +246,18 @@ def test_layer_section_accepts_semicolons_and_runs():
     body = "size K = hidden / H, V = hidden / H; proj q, k, v, g; map g logsigmoid; norm rmsnorm per_head; out_gate swish\n"
     layer = lamixer.Layer(lamixer.loads(MIXER + body), 8, 2)
     assert layer(torch.randn(1, 3, 8)).shape == (1, 3, 8)
+
+
+def test_torch_compile_fullgraph_over_a_model_of_layers():
+    """A small model of lamixer layers traces whole (the Triton scans are custom ops, the plan plain data)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(lamixer.Layer("gla", hidden_size=32, num_heads=2, backend="triton"),
+                                lamixer.Layer("gsa", hidden_size=32, num_heads=2, backend="triton"))  # fmt: skip
+    x = torch.randn(2, 12, 32, requires_grad=True)
+    y = model(x)
+    y.sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    y2 = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
+    y2.sum().backward()
+    assert torch.equal(y, y2) and torch.equal(grad, x.grad)
