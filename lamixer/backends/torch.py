@@ -210,7 +210,7 @@ class _Evaluator:
             op = nodes[n]["op"]
             if n in plan.read_scan:
                 if plan.read_scan[n] not in self.finals:
-                    self.scan(self.c.classification.scan(plan.read_scan[n]))
+                    self.scan(plan.read_scan[n])
             elif op in ("input", "param", "const", "dim", "head", "scale"):
                 self.env[n] = self.leaf(n)
             elif op == "stat":
@@ -222,7 +222,7 @@ class _Evaluator:
                 self.env[n] = ops.apply(nodes[n], [self.env[a] for a in args], [nodes[a]["dims"] for a in args])
         for scan in self.c.classification.scans:
             if scan.state not in self.finals:
-                self.scan(scan)
+                self.scan(scan.state)
 
     def stat(self, n: int) -> torch.Tensor:
         node = self.nodes[n]
@@ -255,28 +255,42 @@ class _Evaluator:
             return None
         return self.env[self.direct[n][1]].to(self.call.compute_dtype).reshape(-1).expand(self.call.heads)
 
-    def scan(self, s: Scan) -> None:
+    def scan(self, state: str) -> None:
+        """Run the scan of `state`, together with the scans the plan found fusable with it: those share keys,
+        decay and queries, so one scan with their values side by side computes them all."""
+        group = next((g for g in self.c.plan.fusable if state in g), (state,))
+        scans = [self.c.classification.scan(name) for name in group]
+        s = scans[0]
         sizes = self.call.sizes
         a = self.operand(s.write_key, s.key_dim).expand(-1, -1, -1, sizes[s.key_dim])
-        if s.value_dim is None:
-            b = a.new_ones(*a.shape[:3], 1)
-        else:
-            b = self.operand(s.write_value, s.value_dim).expand(-1, -1, -1, sizes[s.value_dim])
+        bs, h0s = [], []
+        for t in scans:
+            h0 = self.call.initial_state[t.state]
+            if t.value_dim is None:  # a vector state is a one-column matrix state written with b = 1
+                bs.append(a.new_ones(*a.shape[:3], 1))
+                h0s.append(h0.unsqueeze(-1))
+            else:
+                bs.append(self.operand(t.write_value, t.value_dim).expand(-1, -1, -1, sizes[t.value_dim]))
+                h0s.append(h0)
         c = self.operand(s.erase_key, s.key_dim)
         side = "value" if s.decay == "value" else "key"
         g = self.operand(s.log_decay, s.value_dim if side == "value" else s.key_dim)
-        h0 = self.call.initial_state[s.state]
         ops = ScanOperands(
-            a=a, b=b, c=c.expand_as(a) if c is not None else None, g=g, side=side,
+            a=a, b=bs[0] if len(bs) == 1 else torch.cat(bs, -1), c=c.expand_as(a) if c is not None else None, g=g, side=side,
             reads=[(self.operand(r.query, s.key_dim).expand_as(a), r.decayed, r.written) for r in s.reads],
             query_factors=[self.factor(r.query) for r in s.reads],
-            h0=h0.unsqueeze(-1) if s.value_dim is None else h0,
+            h0=h0s[0] if len(h0s) == 1 else torch.cat(h0s, -1),
             cu_seqlens=self.call.cu_seqlens, chunk=self.c.plan.chunk[s.state],
         )  # fmt: skip
         outs, S = self.scan_impl(ops)
-        for r, o in zip(s.reads, outs):
-            self.env[r.node] = o.squeeze(-1) if s.value_dim is None else o
-        self.finals[s.state] = S.squeeze(-1) if s.value_dim is None else S
+        widths = [b.shape[-1] for b in bs]
+        for i, t in enumerate(scans):
+            lo = sum(widths[:i])
+            for r, o in zip(t.reads, outs):
+                part = o[..., lo : lo + widths[i]]
+                self.env[r.node] = part.squeeze(-1) if t.value_dim is None else part
+            part = S[..., lo : lo + widths[i]]
+            self.finals[t.state] = part.squeeze(-1) if t.value_dim is None else part
 
 
 @dataclass

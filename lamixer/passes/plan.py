@@ -24,18 +24,19 @@ class KernelPlan:
 
     def stages(self, g: ir.Graph, cls: Classification) -> list[str]:
         """A readable listing of the plan, stage by stage."""
-        lines, pending = [], []
+        lines, pending, listed = [], [], set()
         for n in self.order:
             if n in self.read_scan:
                 if pending:
                     lines.append(f"per-token: {', '.join(pending)}")
                     pending = []
                 st = self.read_scan[n]
-                tag = f"scan {st}"
-                if lines and lines[-1].startswith(tag):
+                if st in listed:
                     continue
-                scan = cls.scan(st)
-                lines.append(f"{tag} ({scan.describe()}, chunk {self.chunk[st]})")
+                group = next((g for g in self.fusable if st in g), (st,))
+                listed.update(group)
+                fused = " (one scan, values side by side)" if len(group) > 1 else ""
+                lines.append(f"scan {' + '.join(group)}{fused}: {cls.scan(st).describe()}, chunk {self.chunk[st]}")
             elif g.op(n) == "stat":
                 node = g.node(n)
                 scope = f"per {', '.join(node['groups'])}" if node["groups"] else "over the whole input"
@@ -47,8 +48,8 @@ class KernelPlan:
         if pending:
             lines.append(f"per-token: {', '.join(pending)}")
         for st in cls.scans:
-            if not any(line.startswith(f"scan {st.state}") for line in lines):
-                lines.append(f"scan {st.state} ({st.describe()}, chunk {self.chunk[st.state]}): final state only")
+            if st.state not in listed:
+                lines.append(f"scan {st.state}: {st.describe()}, chunk {self.chunk[st.state]} (final state only)")
         return lines
 
 
