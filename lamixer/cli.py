@@ -225,6 +225,18 @@ def bench(specs: tuple[str, ...], vs: str, Ts: str, decode: bool, plot_file: str
     console.print(f"results in {path}" + (f", plot in {plot_file}" if plot_file else ""))
 
 
+@main.command("compile")
+@click.argument("spec")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write into.")
+def compile_cmd(spec: str, out_dir: str) -> None:
+    """Write SPEC's generated Triton kernels (and what each scan runs) into OUT_DIR/<name>/."""
+    from .generate import write_kernels
+
+    m = _load(spec)
+    for path in write_kernels(m.compiled, out_dir):
+        click.echo(f"wrote {path}")
+
+
 @main.command()
 @click.argument("name")
 @click.option("--from", "base", default="linear_attn", show_default=True, help="The shipped spec or spec file to start from.")

@@ -81,3 +81,12 @@ def test_memory_floor_counts_inputs_and_outputs_once():
     fwd, fb = floors(tensors, out_numel=2 * 8 * 4 * 16, bandwidth=1e9)
     ins, out = 2 * 8 * 4 * 16 * 2 + 2 * 8 * 4 * 4, 2 * 8 * 4 * 16 * 2
     assert abs(fwd - 1e3 * (ins + out) / 1e9) < 1e-12 and abs(fb - 1e3 * 2 * (ins + out) / 1e9) < 1e-12
+
+
+def test_compile_writes_the_kernels_and_a_readme(tmp_path):
+    code, out = run("compile", "rwkv6", "-o", str(tmp_path))
+    assert code == 0, out
+    files = sorted(p.name for p in (tmp_path / "rwkv6").iterdir())
+    assert files == ["README.md", "scan_additive_key_before.py"]
+    code, out = run("compile", "deltanet", "-o", str(tmp_path))
+    assert code == 0 and "No Triton kernels" in (tmp_path / "deltanet" / "README.md").read_text()
