@@ -109,7 +109,7 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
 
     cu = None
     if cu_seqlens is not None:
-        cu = _check_cu_seqlens(cu_seqlens, B, T, device)
+        cu = check_cu_seqlens(cu_seqlens, B, T, device)
     N = B if cu is None else len(cu) - 1
 
     dtypes = {tensors[op.name].dtype for op in g.operands if op.kind == "input"}
@@ -158,7 +158,8 @@ def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
     return value
 
 
-def _check_cu_seqlens(cu, B: int, T: int, device) -> torch.Tensor:
+def check_cu_seqlens(cu, B: int, T: int, device) -> torch.Tensor:
+    """cu_seqlens as int64 offsets on `device`, or an ArgumentError saying what is wrong with it."""
     if not isinstance(cu, torch.Tensor):
         raise ArgumentError("cu_seqlens", f"must be a 1-D integer tensor, got {type(cu).__name__}")
     if cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64) or cu.numel() < 2:
@@ -167,7 +168,7 @@ def _check_cu_seqlens(cu, B: int, T: int, device) -> torch.Tensor:
         raise ArgumentError("cu_seqlens", f"needs the sequences packed into one batch row (B = 1), got B = {B}")
     offsets = cu.tolist()
     if offsets[0] != 0 or offsets[-1] != T:
-        raise ArgumentError("cu_seqlens", f"must start at 0 and end at T = {T}, got {offsets[0]} ... {offsets[-1]}")
+        raise ArgumentError("cu_seqlens", f"must start at 0 and end at T = {T} (cover the batch), got {offsets[0]} ... {offsets[-1]}")
     if any(b <= a for a, b in zip(offsets, offsets[1:])):
         raise ArgumentError("cu_seqlens", "must be strictly increasing (every sequence non-empty)")
     return cu.to(device=device, dtype=torch.int64)

@@ -24,7 +24,7 @@ from torch import nn
 
 from . import ir, ops
 from . import syntax as S
-from .call import BACKENDS
+from .call import BACKENDS, check_cu_seqlens
 from .errors import ArgumentError, LamixerError
 from .lower import HIDDEN, canonical_fn
 from .mixer import Mixer, load
@@ -85,19 +85,6 @@ def _whole(value, what: str, argument: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 1:
         raise ArgumentError(argument, f"{what} must be a whole number >= 1, got {value!r}")
     return int(value)
-
-
-def _check_cu_seqlens(cu, B: int, T: int, device: torch.device) -> torch.Tensor:
-    if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64) or cu.numel() < 2:
-        raise ArgumentError("cu_seqlens", "must be a 1-D int32/int64 tensor of N+1 offsets")
-    if B != 1:
-        raise ArgumentError("cu_seqlens", f"needs the sequences packed into one batch row (B = 1), got B = {B}")
-    offsets = cu.tolist()
-    if offsets[0] != 0 or offsets[-1] != T:
-        raise ArgumentError("cu_seqlens", f"must start at 0 and end at T = {T} (cover the batch), got {offsets[0]} ... {offsets[-1]}")
-    if any(b <= a for a, b in zip(offsets, offsets[1:])):
-        raise ArgumentError("cu_seqlens", "must be strictly increasing (every sequence non-empty)")
-    return cu.to(device=device, dtype=torch.int64)
 
 
 # ---- building blocks ----
@@ -344,7 +331,7 @@ class Layer(nn.Module):
         if not isinstance(return_state, bool):
             raise ArgumentError("return_state", f"must be True or False, got {return_state!r}")
         B, T, _ = x.shape
-        cu = None if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, B, T, x.device)
+        cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T, x.device)
         N = B if cu is None else len(cu) - 1
         if not self.stateful and (state is not None or return_state):
             raise LamixerError(f"{self.mixer.name} uses whole-input statistics or block attention: it runs on whole sequences only, "
