@@ -134,3 +134,20 @@ def test_head_dims_above_the_kernels_limit_are_refused_or_fall_back():
         m(**tensors, backend="triton")
     o, _ = m(**tensors)  # auto: the torch backend
     assert o.shape[-1] == 301
+
+
+VALUE_DECAY_READS = {
+    "before": "out o = scale * q @ (S + outer(u * k, v))\nS = S * exp(gv) + outer(k, v)\n",
+    "mid": "S = S * exp(gv)\nout o = scale * q @ (S + outer(u * k, v))\nS = S + outer(k, v)\n",
+}
+
+
+@pytest.mark.parametrize("read", sorted(VALUE_DECAY_READS))
+def test_value_dim_decay_with_early_reads(read):
+    """A decay along the value dim read before the update, or between decay and write: exact, varlen included."""
+    m = lamixer.loads(f"mixer vd_{read}\ndims K, V\ninput q[K], k[K], v[V], gv[V] in (-inf, 0)\nparam u[H, K]\nstate S[K, V]\n"
+                      + VALUE_DECAY_READS[read])  # fmt: skip
+    assert m.compiled.classification.scans[0].decay == "value"
+    for T, cu in [(150, None), (None, [0, 5, 150, 171])]:
+        tensors, states = random_call(m, T=T or 1, H=2, cu_seqlens=cu, seed=2, gate="strong")
+        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=2), f"value decay, read {read}")
