@@ -261,3 +261,14 @@ def test_torch_compile_fullgraph_over_a_model_of_layers():
     y2 = torch.compile(model, fullgraph=True, backend="aot_eager")(x)
     y2.sum().backward()
     assert torch.equal(y, y2) and torch.equal(grad, x.grad)
+
+
+def test_torch_compile_fullgraph_over_a_decode_step():
+    """step() traces whole too, so a GPU can replay a decode step as one CUDA graph (mode="reduce-overhead")."""
+    torch.manual_seed(0)
+    layer = lamixer.Layer("gla", hidden_size=32, num_heads=2, backend="triton")
+    _, state = layer(torch.randn(2, 9, 32), return_state=True)
+    x_t = torch.randn(2, 32)
+    y, new = layer.step(x_t, state)
+    y2, new2 = torch.compile(layer.step, fullgraph=True, backend="aot_eager")(x_t, state)
+    assert torch.equal(y, y2) and all(torch.equal(a, b) for a, b in zip(new.mixer, new2.mixer))
