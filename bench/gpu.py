@@ -91,6 +91,8 @@ def main():
     ap.add_argument("--time-specs", default="", help="specs to time (default: those checked)")
     ap.add_argument("--Ts", default="2048,4096,8192,16384")
     ap.add_argument("--fla", action="store_true", help="time FLA beside lamixer (its first-call autotuning takes minutes per op and shape)")
+    ap.add_argument("--autotune", type=int, default=0, metavar="N",
+                    help="before timing, try N kernel configurations per timed spec at T = 8192 (cache: $LAMIXER_CACHE, else ~/.cache/lamixer)")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
     names = args.specs.split(",") if args.specs else triton_specs()
@@ -99,6 +101,13 @@ def main():
     try:
         if not args.skip_check:
             check(names, res["rows"], args.quick)
+        if args.autotune:
+            from lamixer import autotune
+
+            for n in args.time_specs.split(",") if args.time_specs else names:
+                trials, keys = autotune.tune(lamixer.load(n), 4, 8192, 16, 128, torch.bfloat16, "cuda", args.autotune)
+                res["rows"] += [dict(kind="autotune", spec=n, config=autotune.describe(t.config), error=t.error, ms=t.ms, note=t.note) for t in trials]
+                print(n, "tuned:", [autotune.describe(t.config) + f" {t.ms}" for t in trials], flush=True)
         if not args.skip_time:
             timed = [lamixer.load(n) for n in (args.time_specs.split(",") if args.time_specs else names)]
             vs = {"sdpa"} | ({"fla"} if args.fla else set())
