@@ -226,14 +226,17 @@ def bench(specs: tuple[str, ...], vs: str, Ts: str, decode: bool, plot_file: str
 
 
 @main.command("compile")
-@click.argument("spec")
+@click.argument("specs", nargs=-1)
+@click.option("--all", "all_specs", is_flag=True, help="Compile every shipped spec.")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write into.")
-def compile_cmd(spec: str, out_dir: str) -> None:
-    """Write SPEC's generated Triton kernels (and what each scan runs) into OUT_DIR/<name>/."""
-    from .generate import write_kernels
+def compile_cmd(specs: tuple[str, ...], all_specs: bool, out_dir: str) -> None:
+    """Write SPECS' generated Triton kernels (OUT_DIR/kernels/) and what each spec runs (OUT_DIR/<name>/README.md)."""
+    from .generate import write
 
-    m = _load(spec)
-    for path in write_kernels(m.compiled, out_dir):
+    names = list(specs) + (shipped_specs() if all_specs else [])
+    if not names:
+        raise click.UsageError("name a spec (or a spec file), or pass --all")
+    for path in write([_load(n).compiled for n in names], out_dir):
         click.echo(f"wrote {path}")
 
 

@@ -84,9 +84,10 @@ def test_memory_floor_counts_inputs_and_outputs_once():
 
 
 def test_compile_writes_the_kernels_and_a_readme(tmp_path):
-    code, out = run("compile", "rwkv6", "-o", str(tmp_path))
+    code, out = run("compile", "rwkv6", "deltanet", "-o", str(tmp_path))
     assert code == 0, out
-    files = sorted(p.name for p in (tmp_path / "rwkv6").iterdir())
-    assert files == ["README.md", "scan_additive_key_before.py"]
-    code, out = run("compile", "deltanet", "-o", str(tmp_path))
-    assert code == 0 and "No Triton kernels" in (tmp_path / "deltanet" / "README.md").read_text()
+    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == ["scan_additive_key_before.py"]
+    assert "kernels/scan_additive_key_before.py" in (tmp_path / "rwkv6" / "README.md").read_text()
+    assert "No Triton kernels" in (tmp_path / "deltanet" / "README.md").read_text()
+    code, out = run("compile", "-o", str(tmp_path))
+    assert code != 0 and "--all" in out
