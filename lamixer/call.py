@@ -32,10 +32,6 @@ class Call:
     state_dtype: torch.dtype
     device: torch.device
 
-    @property
-    def num_sequences(self) -> int:
-        return self.batch if self.cu_seqlens is None else len(self.cu_seqlens) - 1
-
 
 def _shape(dims) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"

@@ -27,7 +27,7 @@ class _Token:
         self.head = torch.arange(H, dtype=dt, device=call.device).reshape(1, H)
         self.block: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def leaf(self, n: int, t: int, pos: int, states: dict[str, torch.Tensor]) -> torch.Tensor:
+    def leaf(self, n: int, t: int, states: dict[str, torch.Tensor]) -> torch.Tensor:
         d, call = self.g.node(n), self.call
         op = d["op"]
         if op == "input":
@@ -54,7 +54,7 @@ class _Token:
         for n in nodes:
             d = g.node(n)
             if d["op"] in ("input", "param", "const", "dim", "head", "scale", "stat", "state_in"):
-                env[n] = self.leaf(n, t, pos, states)
+                env[n] = self.leaf(n, t, states)
             elif d["op"] == "block_attention":
                 env[n] = self.block_attention(n, [env[a] for a in d["args"]], pos)
             else:
