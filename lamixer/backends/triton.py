@@ -228,6 +228,15 @@ def _chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, BT: int) -> tuple[i
     return total, torch.stack([seq, within], 1).to(torch.int32).contiguous(), offsets.to(torch.int32)
 
 
+def _chunk_cumsum(mod, g: torch.Tensor, cu_seqlens, indices, NC: int, BT: int) -> torch.Tensor:
+    """The inclusive cumulative log decay within each chunk, float32 [B, T, H, K]."""
+    B, T, H, K = g.shape
+    Bc = torch.empty(B, T, H, K, dtype=torch.float64 if g.dtype == torch.float64 else torch.float32, device=g.device)
+    getattr(mod, f"{mod.NAME}_cumsum_fwd")[(1, NC, H)](
+        g, Bc, cu_seqlens, indices, T, H=H, K=K, V=1, BT=BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, num_warps=4)
+    return Bc
+
+
 def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype) -> torch.dtype:
     """States kept per chunk for the parallel kernels: in the inputs' precision when it is a half type (their
     dots read them in it anyway), else in the accumulator's."""
@@ -238,8 +247,7 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
 
 
-@torch.library.custom_op("lamixer::chunk_scan", mutates_args=())
-def chunk_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
                h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on chunk_additive's kernels.
 
@@ -261,12 +269,16 @@ def chunk_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: tor
             a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages, **common)
     if NC * H:
         if decay == "key":
-            getattr(mod, f"{mod.NAME}_scores_fwd")[(1, NC, H)](
-                q, qs, a, g, A, cu_seqlens, indices, T, BC=STRIP, USE_QS=qs is not None, num_warps=c.num_warps, **common)
+            Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
+            getattr(mod, f"{mod.NAME}_scores_fwd")[((c.BT // STRIP) ** 2, NC, H)](
+                q, qs, a, g, Bc, A, cu_seqlens, indices, T, BC=STRIP, USE_QS=qs is not None, num_warps=4, **common)
         getattr(mod, f"{mod.NAME}_output_fwd")[(triton_cdiv(V, c.BV), NC, H)](
             q, qs, a, b, g, A, hs, o, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
             num_stages=c.num_stages, **common)  # fmt: skip
     return o, ht, hs, A
+
+
+chunk_scan = torch.library.custom_op("lamixer::chunk_scan", _chunk_forward, mutates_args=())
 
 
 @chunk_scan.register_fake
@@ -280,8 +292,7 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
             h0.new_empty(B, T, H, BT if decay == "key" else 0))  # fmt: skip
 
 
-@torch.library.custom_op("lamixer::chunk_scan_backward", mutates_args=())
-def chunk_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
                         h0: torch.Tensor, cu_seqlens: torch.Tensor | None, hs: torch.Tensor, A: torch.Tensor, do: torch.Tensor,
                         dht: torch.Tensor, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dg, dh0) of chunk_scan; dg is empty without a decay."""
@@ -310,12 +321,19 @@ def chunk_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
         dgs = torch.empty(NC, H, K, dtype=acc, device=a.device)
         grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq_part, da_part, db, None, dA, dgs, cu_seqlens, indices, T,
                           BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
-        getattr(mod, f"{mod.NAME}_strips_bwd")[(1, NC, H)](
-            q, qs, a, g, dA, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, BC=STRIP, num_warps=c.num_warps, **common)
+        Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
+        getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
+            q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, num_warps=4, **common)
+        common.pop("PRECISION")
+        getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
+            q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
     else:
         grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, None, None, cu_seqlens, indices, T,
                           BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
     return dq, da, db, dg, dh0
+
+
+chunk_scan_backward = torch.library.custom_op("lamixer::chunk_scan_backward", _chunk_backward_impl, mutates_args=())
 
 
 @chunk_scan_backward.register_fake
@@ -342,6 +360,37 @@ def _chunk_backward(ctx, do, dht, _dhs, _dA):
 
 
 chunk_scan.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
+
+
+class _EagerChunkScan(torch.autograd.Function):
+    """The same as the custom op, without its dispatch (tens of microseconds a call) outside torch.compile."""
+
+    @staticmethod
+    def forward(ctx, q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
+        o, ht, hs, A = _chunk_forward(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A)
+        ctx.config = (decay, read, cfg)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, qs, a, b, g, h0, cu_seqlens, hs, A = ctx.saved_tensors
+        if do is None:
+            do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=b.dtype, device=b.device)
+        if dht is None:
+            dht = torch.zeros_like(h0)
+        dq, da, db, dg, dh0 = _chunk_backward_impl(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
+        return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
+
+
+def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final state): through the custom op when torch.compile traces, else straight to the kernels."""
+    if torch.compiler.is_compiling():
+        return chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)[:2]
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, a, b, g, h0)):
+        return _EagerChunkScan.apply(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)
+    return _chunk_forward(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)[:2]
 
 
 def _setup_context(ctx, inputs, output):
@@ -433,7 +482,7 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
     read = _read_mode(decayed, written)
     config = scan_config(decay, read, _ACC[acc], dtype, a.shape[0], a.shape[1], a.shape[2], a.shape[3], b.shape[3], a.device)
     if decay in CHUNK_DECAYS:
-        o, ht, _, _ = chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+        o, ht = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     else:
         o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     return [o], ht
