@@ -37,7 +37,7 @@ def unsupported(compiled: Compiled, sizes: dict[str, int] | None = None) -> list
     why this call cannot."""
     reasons = []
     for s in compiled.classification.scans:
-        if s.rule != "additive":
+        if s.rule not in ("additive", "delta"):
             reasons.append(f"state {s.state}: the {s.rule} rule has no Triton template yet")
         elif len(s.reads) > 1:
             reasons.append(f"state {s.state}: more than one read of one state has no Triton template yet")
@@ -279,6 +279,8 @@ def triton_cdiv(a: int, b: int) -> int:
 def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The scan on generated kernels: q, a, b contiguous [B, T, H, D] in `dtype` (the caller's tensors
     pass through untouched when they already are); decay and state in float32 (float64 when the inputs are)."""
+    if ops.c is not None:  # the delta rule: its own template and host code
+        return triton_delta.triton_delta_scan(ops, dtype)
     ((q, decayed, written),) = ops.reads
     (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -358,3 +360,6 @@ def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor
         dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits
     direct = direct_operands(compiled, call)
     return torch_backend.run(compiled, call, scan_impl=functools.partial(triton_scan, dtype=dtype), direct=direct)
+
+
+from . import triton_delta  # noqa: E402  (the delta rule's kernels; it uses the helpers above)
