@@ -109,6 +109,11 @@ def _kernels(c: Compiled) -> list[str]:
         return ["triton kernels: none (the torch backend runs): " + "; ".join(missing)]
     lines = ["triton kernels:"]
     for s in c.classification.scans:
+        if s.rule == "delta":
+            decay, read = triton_backend.triton_delta.template_config(s)
+            names = ", ".join(triton_backend.triton_delta.KERNELS)
+            lines.append(f"  scan {s.state}: scan_delta_{decay}_{read}_float32_{{{names}}}")
+            continue
         decay, read = triton_backend.template_config(s)
         lines.append(f"  scan {s.state}: scan_additive_{decay}_{read}_float32_{{fwd_kernel, bwd_kernel_dq, bwd_kernel_dab}}")
     return lines

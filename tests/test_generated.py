@@ -28,7 +28,18 @@ def test_each_kernel_file_defines_its_three_named_kernels():
         assert names == {f"{stem}_fwd_kernel", f"{stem}_bwd_kernel_dq", f"{stem}_bwd_kernel_dab"}, path
 
 
+def test_each_delta_kernel_file_defines_its_named_kernels():
+    from lamixer.backends.triton_delta import KERNELS
+
+    files = list((GENERATED / "kernels").glob("scan_delta_*.py"))
+    assert len(files) == 2  # deltanet (no decay) and gated_deltanet (scalar decay)
+    for path in files:
+        names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert names == {f"{path.stem}_float32_{k}" for k in KERNELS}, path
+
+
 def test_every_shipped_spec_has_its_readme_naming_its_kernels():
     for name in lamixer.shipped_specs():
         text = (GENERATED / name / "README.md").read_text()
-        assert f"# {name}: generated code" in text and ("kernels/scan_additive_" in text or "No Triton kernels" in text)
+        assert f"# {name}: generated code" in text and ("kernels/scan_additive_" in text or "kernels/scan_delta_" in text
+                                                         or "No Triton kernels" in text)  # fmt: skip

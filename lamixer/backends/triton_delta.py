@@ -17,6 +17,7 @@ from . import triton as tb
 from .torch import ScanOperands
 
 FAMILY = "scan_delta"
+KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_grad_kernel")
 CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
 
 
@@ -39,7 +40,20 @@ def default_config(decay: str, K: int, V: int) -> Config:
     return Config(64, BV, _pow2(K), 4, 1)
 
 
-_chosen: dict[tuple, Config] = {}
+def candidates(decay: str, K: int, V: int) -> list[Config]:
+    """The autotuner's search space: chunk length, value block, warps and pipeline stages, default first."""
+    out = [default_config(decay, K, V)]
+    for BT in ((16, 32) if decay == "key" else (32, 64)):
+        for BV in sorted({min(b, _pow2(V)) for b in (16, 32, 64)}):
+            for warps in (4, 8):
+                for stages in (1, 2):
+                    c = Config(BT, BV, _pow2(K), warps, stages)
+                    if c not in out:
+                        out.append(c)
+    return out
+
+
+_chosen: dict[tuple, Config] = {}  # configurations chosen in this process
 
 
 def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
