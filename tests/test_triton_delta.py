@@ -88,7 +88,7 @@ def test_half_inputs_keep_float32_states():
     o, S = m(**tensors, initial_state=states[0], output_final_state=True, backend="triton")
     assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
     c = compare(m, "triton", tensors, states, seed=3)
-    _assert_close(c, "bf16 inputs", tol=1e-2)
+    _assert_close(c, "bf16 inputs", tol=1e-3)  # measured: 4e-5 (gradients rounded to bf16 on both sides)
 
 
 def test_rendered_kernels_are_named_for_their_configuration():
@@ -112,3 +112,18 @@ def test_tuning_a_delta_spec_stores_under_its_kernel(tmp_path, monkeypatch):
     assert triton_delta.scan_config("scalar", "after", "float32", torch.float32, 1, 40, 2, 16, 16, torch.device("cpu")) == best
     at._memo.clear()
     triton_delta._chosen.clear()
+
+
+def test_torch_compile_fullgraph_traces_the_delta_scan():
+    """The scan and its backward are custom ops with fake implementations: a traced call equals the eager one."""
+    m = lamixer.load("gated_deltanet")
+    tensors, _ = random_call(m, T=20, H=2, size=SIZE, dtype=torch.float32, initial_state=False, seed=3)
+    eager = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+    o, _ = m(**eager, backend="triton")
+    o.sum().backward()
+    traced = torch.compile(lambda q, k, v, g, beta: m(q, k, v, g, beta, backend="triton")[0], fullgraph=True, backend="aot_eager")
+    leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+    traced(*leaves.values()).sum().backward()
+    assert torch.equal(o, traced(*tensors.values()))
+    for k in leaves:
+        assert torch.equal(leaves[k].grad, eager[k].grad), k

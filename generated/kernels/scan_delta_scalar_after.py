@@ -40,6 +40,7 @@ def scan_delta_scalar_after_float32_prepare_kernel(
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)
+    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
     m_s = o_t[:, None] > o_t[None, :]
     b_M = tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     # T = (I - M)^-1. Forward substitution on the 16-token diagonal blocks, row r of every block at once:
@@ -110,8 +111,9 @@ def scan_delta_scalar_after_float32_state_kernel(
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)
+        b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
         b_h = b_h * tl.exp(b_last)
-        b_h += tl.dot(tl.trans((b_a * tl.exp(b_last - b_B)[:, None])), b_u, input_precision=ACC_PRECISION)
+        b_h += tl.dot(tl.trans((b_a * tl.exp(b_R)[:, None])), b_u, input_precision=ACC_PRECISION)
     if STORE_HT:
         tl.store(ht + (i_n.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_h.to(ht.dtype.element_ty), mask=m_kv)
 
@@ -153,6 +155,7 @@ def scan_delta_scalar_after_float32_output_kernel(
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)
+    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
     m_r = o_t[:, None] >= o_t[None, :]
     b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
@@ -197,6 +200,7 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)
+    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
     m_r = o_t[:, None] >= o_t[None, :]
     b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     for i_v in range(0, tl.cdiv(V, BV)):
@@ -257,10 +261,11 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)
+        b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
         b_w = tl.load(w + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
         b_du = tl.load(du + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
-        b_du += tl.dot((b_a * tl.exp(b_last - b_B)[:, None]), b_dh, input_precision=ACC_PRECISION)
+        b_du += tl.dot((b_a * tl.exp(b_R)[:, None]), b_dh, input_precision=ACC_PRECISION)
         tl.store(du + (t[:, None] * H + i_h) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
         b_dh = b_dh * tl.exp(b_last)
         b_dh += tl.dot(tl.trans((b_q * tl.exp(b_E)[:, None])), b_do, input_precision=ACC_PRECISION)
@@ -309,6 +314,7 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)
+    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
     b_T = tl.load(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)  # dO S0^T
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T
@@ -333,7 +339,7 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
         b_da += tl.dot(b_u, tl.trans(b_dhe), input_precision=ACC_PRECISION)
     b_dq = (b_dq * tl.exp(b_E)[:, None])
     b_dc = (b_dc * tl.exp(b_B)[:, None])
-    b_da = (b_da * tl.exp(b_last - b_B)[:, None])
+    b_da = (b_da * tl.exp(b_R)[:, None])
     m_r = o_t[:, None] >= o_t[None, :]
     m_s = o_t[:, None] > o_t[None, :]
     b_dw = b_dA * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
