@@ -22,8 +22,8 @@ def _assert_close(c, what, tol=TOL):
     assert not bad, f"{what}: {bad}"
 
 
-def _check(m, what, T=1, gate="normal", cu=None, seed=0, initial_state=True, B=2):
-    tensors, states = random_call(m, B=B, T=T, H=2, size=SIZE, gate=gate, seed=seed, cu_seqlens=cu, initial_state=initial_state)
+def _check(m, what, T=1, gate="normal", cu=None, seed=0, initial_state=True, B=2, size=SIZE):
+    tensors, states = random_call(m, B=B, T=T, H=2, size=size, gate=gate, seed=seed, cu_seqlens=cu, initial_state=initial_state)
     _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=seed), what)
 
 
@@ -73,11 +73,11 @@ def test_any_read_position_and_distinct_write_and_erase_keys(read, decay):
 
 
 @pytest.mark.parametrize("BT", [16, 32])
-def test_chunk_lengths_and_value_blocks(BT, monkeypatch):
-    """Chunks of one and two 16-token solve blocks (64 is the default), two value blocks per state."""
-    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", Config(BT, 16, 32, 4, 1))
+def test_chunk_lengths_and_key_and_value_blocks(BT, monkeypatch):
+    """Chunks of one and two 16-token solve blocks (64 is the default); K = 20, V = 21 in two blocks each."""
+    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", Config(BT, 16, 16, 4, 1))
     for name in DELTA[1:]:
-        _check(lamixer.load(name), f"{name} BT={BT}", T=100, gate="strong", seed=BT, B=1)
+        _check(lamixer.load(name), f"{name} BT={BT}", T=100, gate="strong", seed=BT, B=1, size=20)
 
 
 def test_half_inputs_keep_float32_states():

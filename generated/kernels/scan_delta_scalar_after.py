@@ -12,7 +12,7 @@ def scan_delta_scalar_after_float32_prepare_kernel(
 ):
     """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT], W = T (c e^B) into w [B, T, H, K], U0 = T b into u0 [B, T, H, V].
 
-    One program per (chunk, sequence x head), BK >= K, the value blocks in a loop.
+    One program per (chunk, sequence x head); key blocks of BK and value blocks of BV in loops.
     """
     i_c, i_x = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
@@ -32,17 +32,20 @@ def scan_delta_scalar_after_float32_prepare_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    m_s = o_t[:, None] > o_t[None, :]
     b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
-    m_s = o_t[:, None] > o_t[None, :]
-    b_M = tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+    b_M = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_Mk = tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+        b_M += b_Mk
     # T = (I - M)^-1. Forward substitution on the 16-token diagonal blocks, row r of every block at once:
     # T_i = e_i + sum_{j < i, same block} M_ij T_j. That gives D^-1 (D = I - M on the diagonal blocks); with
     # N = M off them, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly block-lower, so X^4 = 0 for
@@ -60,8 +63,12 @@ def scan_delta_scalar_after_float32_prepare_kernel(
             b_X = tl.dot(b_X, b_X, input_precision=ACC_PRECISION)
             b_T += tl.dot(b_X, b_T, input_precision=ACC_PRECISION)
     tl.store(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
-    b_w = tl.dot(b_T, (b_c * tl.exp(b_B)[:, None]), input_precision=ACC_PRECISION)  # [BT, BK]
-    tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_w = tl.dot(b_T, (b_c * tl.exp(b_B)[:, None]), input_precision=ACC_PRECISION)  # [BT, BK]
+        tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
@@ -124,7 +131,7 @@ def scan_delta_scalar_after_float32_output_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """o = (q e^E) S0 + A U per chunk. One program per (value block, chunk, sequence x head), BK >= K."""
+    """o = (q e^E) S0 + A U per chunk. One program per (value block, chunk, sequence x head); key blocks in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
@@ -143,25 +150,30 @@ def scan_delta_scalar_after_float32_output_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
+    m_v = o_v < V
     m_tv = m_t[:, None] & m_v[None, :]
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-        b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
+    m_r = o_t[:, None] >= o_t[None, :]
     b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
-    m_r = o_t[:, None] >= o_t[None, :]
-    b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
-    b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+            b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
+        b_Ak = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+        b_A += b_Ak
+        b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
+        b_o += tl.dot((b_q * tl.exp(b_E)[:, None]).to(b_a.dtype), b_h.to(b_a.dtype), input_precision=PRECISION)
     b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
-    b_o = tl.dot((b_q * tl.exp(b_E)[:, None]).to(b_a.dtype), b_h.to(b_a.dtype), input_precision=PRECISION)
-    b_o += tl.dot(b_A.to(b_a.dtype), b_u.to(b_a.dtype), input_precision=PRECISION)
+    b_o += tl.dot(b_A.to(o.dtype.element_ty), b_u.to(o.dtype.element_ty), input_precision=PRECISION)
     tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
@@ -190,19 +202,22 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-        b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
+    m_r = o_t[:, None] >= o_t[None, :]
     b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
-    m_r = o_t[:, None] >= o_t[None, :]
-    b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+            b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
+        b_Ak = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+        b_A += b_Ak
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
@@ -281,10 +296,10 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V].
 
-    One program per (chunk, sequence x head), BK >= K; the value blocks in a loop accumulate the [BT, K] and
-    [BT, BT] terms.
+    One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
+    [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db).
     """
-    i_c, i_x = tl.program_id(0), tl.program_id(1)
+    i_k, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -302,7 +317,7 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    o_k = tl.arange(0, BK)
+    o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
@@ -331,7 +346,8 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
         b_du = tl.load(du + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
         b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)
         b_dR = tl.dot(tl.trans(b_T), b_du, input_precision=ACC_PRECISION)  # [BT, BV]: db
-        tl.store(db + (t[:, None] * H + i_h) * V + o_v[None, :], b_dR.to(db.dtype.element_ty), mask=m_tv)
+        if i_k == 0:
+            tl.store(db + (t[:, None] * H + i_h) * V + o_v[None, :], b_dR.to(db.dtype.element_ty), mask=m_tv)
         b_dq += tl.dot(b_do, tl.trans(b_h), input_precision=ACC_PRECISION)
         b_dA += tl.dot(b_do, tl.trans(b_u), input_precision=ACC_PRECISION)
         b_dc += tl.dot(b_dR, tl.trans(b_h), input_precision=ACC_PRECISION)

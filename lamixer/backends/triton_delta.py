@@ -32,12 +32,12 @@ def kernel_hash(decay: str, read: str, acc: str) -> str:
 
 
 def default_config(decay: str, K: int, V: int) -> Config:
-    # a per-key decay holds [BT, BT, K] weights: short chunks; K is whole in every program, so wide keys take
-    # narrower value blocks (BK is unused: the key dim is never split)
+    # a per-key decay holds [BT, BT, BK] weights: short chunks; the sequential passes hold K whole, so wide keys
+    # take narrower value blocks; BK is the key block of the per-chunk kernels
     BV = min(64 if K <= 128 else 32, _pow2(V))
     if decay == "key":
-        return Config(16, BV, _pow2(K), 8, 1)
-    return Config(64, BV, _pow2(K), 4, 1)
+        return Config(16, BV, min(64, _pow2(K)), 8, 1)
+    return Config(64, BV, min(64, _pow2(K)), 4, 1)
 
 
 def candidates(decay: str, K: int, V: int) -> list[Config]:
@@ -45,11 +45,12 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
     out = [default_config(decay, K, V)]
     for BT in ((16, 32) if decay == "key" else (32, 64)):
         for BV in sorted({min(b, _pow2(V)) for b in (16, 32, 64)}):
-            for warps in (4, 8):
-                for stages in (1, 2):
-                    c = Config(BT, BV, _pow2(K), warps, stages)
-                    if c not in out:
-                        out.append(c)
+            for BK in sorted({min(b, _pow2(K)) for b in (32, 64)}):
+                for warps in (4, 8):
+                    for stages in (1, 2):
+                        c = Config(BT, BV, BK, warps, stages)
+                        if c not in out:
+                            out.append(c)
     return out
 
 
@@ -85,7 +86,8 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
-    BT, BK, BV = c_cfg.BT, _pow2(K), min(c_cfg.BV, _pow2(V))
+    BT, BV = c_cfg.BT, min(c_cfg.BV, _pow2(V))
+    BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the sequential ones hold K whole)
     acc = h0.dtype
     varlen = cu is not None
     chunks, indices, offsets = _chunks(cu, B, T, BT)
@@ -93,17 +95,17 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_
     tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
     w = torch.empty(B, T, H, K, dtype=acc, device=a.device)
     u = torch.empty(B, T, H, V, dtype=acc, device=a.device)
-    shapes = dict(H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, IS_VARLEN=varlen, **tb._launch(c_cfg))
+    shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **tb._launch(c_cfg))
     getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
-        a, c, b, g, tm, w, u, cu, indices, T, PRECISION="ieee", ACC_PRECISION=acc_precision, **shapes,
+        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, PRECISION="ieee", ACC_PRECISION=acc_precision, **shapes,
     )  # fmt: skip
     h = torch.empty(chunks, H, K, V, dtype=acc, device=a.device)
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BV), N * H)](
-        a, g, w, u, h0, h, u, ht, cu, offsets, T, USE_H0=True, STORE_HT=store_ht, ACC_PRECISION=acc_precision, **shapes,
+        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=_pow2(K), USE_H0=True, STORE_HT=store_ht, ACC_PRECISION=acc_precision, **shapes,
     )  # fmt: skip
-    return tm, w, u, h, ht, (grid_chunks, indices, offsets, shapes)
+    return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
 @torch.library.custom_op("lamixer::delta_scan", mutates_args=())
@@ -156,13 +158,13 @@ def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
         q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, offsets, T, NS, N * NS * H * K,
-        P=tb.SEGMENT, USE_DHT=True, **common,
+        P=tb.SEGMENT, USE_DHT=True, **dict(common, BK=_pow2(K)),
     )  # fmt: skip
     dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from dq, da, dc
     da = torch.empty(*a.shape, dtype=acc, device=a.device)
     dc = torch.empty(*c.shape, dtype=acc, device=c.device)
     db = torch.empty_like(b)
-    getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[grid_chunks](
+    getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(tb.triton_cdiv(K, shapes["BK"]), *grid_chunks)](
         q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, cu_seqlens, indices, T, **common,
     )  # fmt: skip
     if g is None:
