@@ -109,8 +109,14 @@ def _kernels(c: Compiled) -> list[str]:
         return ["triton kernels: none (the torch backend runs): " + "; ".join(missing)]
     lines = ["triton kernels:"]
     for s in c.classification.scans:
+        if s.rule == "delta":
+            decay, read = triton_backend.triton_delta.template_config(s)
+            names = ", ".join(triton_backend.triton_delta.KERNELS)
+            lines.append(f"  scan {s.state}: scan_delta_{decay}_{read}_float32_{{{names}}}")
+            continue
         decay, read = triton_backend.template_config(s)
-        lines.append(f"  scan {s.state}: scan_additive_{decay}_{read}_float32_{{fwd_kernel, bwd_kernel_dq, bwd_kernel_dab}}")
+        names = ", ".join(triton_backend.kernel_names(decay))
+        lines.append(f"  scan {s.state}: {triton_backend.family(decay)}_{decay}_{read}_float32_{{{names}}}")
     return lines
 
 

@@ -14,6 +14,14 @@ from .compiler import Compiled
 from .explain import report
 
 
+def _family(scan) -> tuple[str, str, str]:
+    """(template, decay, read) a classified scan's kernels are rendered with."""
+    if scan.rule == "delta":
+        return (triton_backend.triton_delta.FAMILY, *triton_backend.triton_delta.template_config(scan))
+    decay, read = triton_backend.template_config(scan)
+    return (triton_backend.family(decay), decay, read)
+
+
 def write(specs: list[Compiled], out_dir: str | Path) -> list[Path]:
     """Write <out_dir>/kernels/*.py and <out_dir>/<spec>/README.md; return the files written."""
     root = Path(out_dir)
@@ -21,11 +29,11 @@ def write(specs: list[Compiled], out_dir: str | Path) -> list[Path]:
     written: dict[Path, str] = {}
     for compiled in specs:
         missing = triton_backend.unsupported(compiled)
-        configs = [] if missing else sorted({triton_backend.template_config(s) for s in compiled.classification.scans})
+        configs = [] if missing else sorted({_family(s) for s in compiled.classification.scans})
         kernel_files = []
-        for decay, read in configs:
-            path = root / "kernels" / f"scan_additive_{decay}_{read}.py"
-            written[path] = triton_backend.render("scan_additive", decay=decay, read=read, acc="float32")
+        for family, decay, read in configs:
+            path = root / "kernels" / f"{family}_{decay}_{read}.py"
+            written[path] = triton_backend.render(family, decay=decay, read=read, acc="float32")
             kernel_files.append(path.name)
         readme = [f"# {compiled.name}: generated code", "", f"Compiled by lamixer from `{Path(compiled.filename).name}`.",
                   "The classification and plan:", "", "```", *report(compiled), "```", ""]  # fmt: skip

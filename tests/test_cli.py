@@ -84,10 +84,14 @@ def test_memory_floor_counts_inputs_and_outputs_once():
 
 
 def test_compile_writes_the_kernels_and_a_readme(tmp_path):
-    code, out = run("compile", "rwkv6", "deltanet", "-o", str(tmp_path))
+    two_reads = tmp_path / "two_reads.lam"  # no template covers two reads of one state
+    two_reads.write_text("mixer two_reads\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S + k @ S\n")
+    code, out = run("compile", "rwkv6", "deltanet", str(two_reads), "-o", str(tmp_path / "out"))
     assert code == 0, out
-    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == ["scan_additive_key_before.py"]
-    assert "kernels/scan_additive_key_before.py" in (tmp_path / "rwkv6" / "README.md").read_text()
-    assert "No Triton kernels" in (tmp_path / "deltanet" / "README.md").read_text()
+    tmp_path = tmp_path / "out"
+    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == ["chunk_additive_key_before.py", "scan_delta_none_after.py"]
+    assert "kernels/chunk_additive_key_before.py" in (tmp_path / "rwkv6" / "README.md").read_text()
+    assert "kernels/scan_delta_none_after.py" in (tmp_path / "deltanet" / "README.md").read_text()
+    assert "No Triton kernels" in (tmp_path / "two_reads" / "README.md").read_text()
     code, out = run("compile", "-o", str(tmp_path))
     assert code != 0 and "--all" in out

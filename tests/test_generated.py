@@ -18,17 +18,30 @@ def test_generated_code_is_up_to_date(tmp_path):
         assert kept[name] == text, f"generated/{name} differs from the compiler's output; review and regenerate: {REGENERATE}"
 
 
-def test_each_kernel_file_defines_its_three_named_kernels():
-    files = list((GENERATED / "kernels").glob("scan_additive_*.py"))
-    assert len(files) == 5  # every configuration the shipped specs classify into, once
+def test_each_additive_kernel_file_defines_its_named_kernels():
+    from lamixer.backends.triton import kernel_names
+
+    files = {p.stem: p for p in (GENERATED / "kernels").glob("*_additive_*.py")}
+    # every configuration the shipped specs classify into, once: gsa's value-dim decay on scan_additive
+    assert sorted(files) == ["chunk_additive_key_after", "chunk_additive_key_before", "chunk_additive_none_after",
+                             "chunk_additive_scalar_after", "scan_additive_value_after"]  # fmt: skip
+    for stem, path in files.items():
+        names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert names == {f"{stem}_float32_{k}" for k in kernel_names(stem.split("_")[2])}, path
+
+
+def test_each_delta_kernel_file_defines_its_named_kernels():
+    from lamixer.backends.triton_delta import KERNELS
+
+    files = list((GENERATED / "kernels").glob("scan_delta_*.py"))
+    assert len(files) == 2  # deltanet (no decay) and gated_deltanet (scalar decay)
     for path in files:
-        tree = ast.parse(path.read_text())
-        names = {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}
-        stem = path.stem + "_float32"
-        assert names == {f"{stem}_fwd_kernel", f"{stem}_bwd_kernel_dq", f"{stem}_bwd_kernel_dab"}, path
+        names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert names == {f"{path.stem}_float32_{k}" for k in KERNELS}, path
 
 
 def test_every_shipped_spec_has_its_readme_naming_its_kernels():
     for name in lamixer.shipped_specs():
         text = (GENERATED / name / "README.md").read_text()
-        assert f"# {name}: generated code" in text and ("kernels/scan_additive_" in text or "No Triton kernels" in text)
+        assert f"# {name}: generated code" in text and ("kernels/chunk_additive_" in text or "kernels/scan_additive_" in text or "kernels/scan_delta_" in text
+                                                         or "No Triton kernels" in text)  # fmt: skip

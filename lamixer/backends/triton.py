@@ -37,7 +37,7 @@ def unsupported(compiled: Compiled, sizes: dict[str, int] | None = None) -> list
     why this call cannot."""
     reasons = []
     for s in compiled.classification.scans:
-        if s.rule != "additive":
+        if s.rule not in ("additive", "delta"):
             reasons.append(f"state {s.state}: the {s.rule} rule has no Triton template yet")
         elif len(s.reads) > 1:
             reasons.append(f"state {s.state}: more than one read of one state has no Triton template yet")
@@ -213,6 +213,15 @@ STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the 
 
 def family(decay: str) -> str:
     return "chunk_additive" if decay in CHUNK_DECAYS else "scan_additive"
+
+
+def kernel_names(decay: str) -> list[str]:
+    """The kernels an additive scan with this decay renders, in launch order."""
+    if decay not in CHUNK_DECAYS:
+        return ["fwd_kernel", "bwd_kernel_dq", "bwd_kernel_dab"]
+    if decay == "key":
+        return ["state_fwd", "cumsum_fwd", "scores_fwd", "output_fwd", "state_bwd", "grads_bwd", "strips_bwd", "decay_bwd"]
+    return ["state_fwd", "output_fwd", "state_bwd", "grads_bwd"]
 
 
 def _chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, BT: int) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
@@ -465,6 +474,8 @@ def triton_cdiv(a: int, b: int) -> int:
 def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The scan on generated kernels: q, a, b contiguous [B, T, H, D] in `dtype` (the caller's tensors
     pass through untouched when they already are); decay and state in float32 (float64 when the inputs are)."""
+    if ops.c is not None:  # the delta rule: its own template and host code
+        return triton_delta.triton_delta_scan(ops, dtype)
     ((q, decayed, written),) = ops.reads
     (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -547,3 +558,6 @@ def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor
         dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits
     direct = direct_operands(compiled, call)
     return torch_backend.run(compiled, call, scan_impl=functools.partial(triton_scan, dtype=dtype), direct=direct)
+
+
+from . import triton_delta  # noqa: E402  (the delta rule's kernels; it uses the helpers above)
