@@ -31,6 +31,7 @@ class Call:
     out_dtype: torch.dtype
     state_dtype: torch.dtype
     device: torch.device
+    longest: int = 0  # the longest sequence's length (T unless packed)
 
 
 def _shape(dims) -> str:
@@ -103,9 +104,9 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
             raise ArgumentError(op.name, f"has an empty dim: {_shape(tensors[op.name].shape)}")
     sizes["H"] = H
 
-    cu = None
+    cu, longest = None, T
     if cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, B, T, device)
+        cu, longest = _check_cu(cu_seqlens, B, T, device)
     N = B if cu is None else len(cu) - 1
 
     dtypes = {tensors[op.name].dtype for op in g.operands if op.kind == "input"}
@@ -127,7 +128,7 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
             raise ArgumentError("scale", f"must be a finite number, got {scale!r}")
 
     states = _check_states(compiled, initial_state, N, H, sizes, device, compute_dtype)
-    return Call(tensors, sizes, B, T, H, scale_value, states, cu, compute_dtype, out_dtype, state_dtype, device)
+    return Call(tensors, sizes, B, T, H, scale_value, states, cu, compute_dtype, out_dtype, state_dtype, device, longest)
 
 
 def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
@@ -156,6 +157,11 @@ def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
 
 def check_cu_seqlens(cu, B: int, T: int, device) -> torch.Tensor:
     """cu_seqlens as int64 offsets on `device`, or an ArgumentError saying what is wrong with it."""
+    return _check_cu(cu, B, T, device)[0]
+
+
+def _check_cu(cu, B: int, T: int, device) -> tuple[torch.Tensor, int]:
+    """check_cu_seqlens, and the longest sequence's length."""
     if not isinstance(cu, torch.Tensor):
         raise ArgumentError("cu_seqlens", f"must be a 1-D integer tensor, got {type(cu).__name__}")
     if cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64) or cu.numel() < 2:
@@ -167,7 +173,7 @@ def check_cu_seqlens(cu, B: int, T: int, device) -> torch.Tensor:
         raise ArgumentError("cu_seqlens", f"must start at 0 and end at T = {T} (cover the batch), got {offsets[0]} ... {offsets[-1]}")
     if any(b <= a for a, b in zip(offsets, offsets[1:])):
         raise ArgumentError("cu_seqlens", "must be strictly increasing (every sequence non-empty)")
-    return cu.to(device=device, dtype=torch.int64)
+    return cu.to(device=device, dtype=torch.int64), max(b - a for a, b in zip(offsets, offsets[1:]))
 
 
 def _check_states(compiled: Compiled, initial_state, N: int, H: int, sizes, device, dtype) -> dict[str, torch.Tensor]:

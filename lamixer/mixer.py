@@ -60,9 +60,11 @@ class Mixer:
         compute = torch.float64 if backend == "interpret" else None
         call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
         if backend in ("auto", "triton"):
+            from .backends import recurrent
             from .backends import triton as triton_backend
 
-            missing = triton_backend.unsupported(self.compiled, call.sizes)
+            # inference on short sequences runs every scan on the recurrent kernel, whatever its rule
+            missing = [] if recurrent.serves(self.compiled, call) else triton_backend.unsupported(self.compiled, call.sizes)
             if backend == "triton" and missing:
                 raise ArgumentError("backend", f"{self.name} cannot run on Triton kernels: {'; '.join(missing)}")
             if backend == "auto":

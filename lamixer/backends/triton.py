@@ -357,4 +357,7 @@ def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor
     if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
         dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits
     direct = direct_operands(compiled, call)
-    return torch_backend.run(compiled, call, scan_impl=functools.partial(triton_scan, dtype=dtype), direct=direct)
+    from . import recurrent  # inference on short sequences: the recurrent kernel (see its module)
+
+    scan_impl = functools.partial(recurrent.scan if recurrent.serves(compiled, call) else triton_scan, dtype=dtype)
+    return torch_backend.run(compiled, call, scan_impl=scan_impl, direct=direct)
