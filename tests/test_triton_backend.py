@@ -58,6 +58,7 @@ def test_specs_outside_the_family_say_why():
     for name in ("deltanet", "gated_deltanet"):
         m = lamixer.load(name)
         tensors, _ = random_call(m, T=4, seed=0)
+        tensors = {k: v.requires_grad_() for k, v in tensors.items()}  # training: inference runs on the recurrent kernel
         with pytest.raises(lamixer.ArgumentError, match="backend"):
             m(**tensors, backend="triton")
         o, _ = m(**tensors)  # auto falls back to the torch backend
