@@ -44,6 +44,15 @@ def _read_mode(decayed: bool, written: bool) -> str:
     return "after" if written else ("mid" if decayed else "before")
 
 
+_READS = {((True, True),): "after"}
+
+
+def _reads(modes: tuple[tuple[bool, bool], ...]) -> str:
+    """The reads' positions joined by "_" (as the template takes them)."""
+    found = _READS.get(modes)
+    return found if found is not None else "_".join(_read_mode(dec, wr) for dec, wr in modes)
+
+
 def template_config(scan) -> tuple[str, str, str]:
     """The (rule, decay, reads) a classified scan renders templates/recurrent.py.jinja with."""
     decay = {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key", "value": "value"}[scan.decay]
@@ -80,21 +89,28 @@ def _ACC(dtype: torch.dtype) -> str:
     return {torch.float32: "float32", torch.float64: "float64"}[dtype]
 
 
+@functools.lru_cache(maxsize=1024)
+def _kernel(rule: str, decay: str, reads: str, acc: torch.dtype, K: int, V: int, programs: int, device: torch.device):
+    """(the jitted kernel, BK, BV, num_warps) for one configuration and shape: looked up once per shape."""
+    from .triton import kernels
+
+    mod = kernels("recurrent", rule=rule, decay=decay, reads=reads, acc=_ACC(acc))
+    return (getattr(mod, f"{mod.NAME}_kernel"), *blocks(K, V, programs, device))
+
+
 def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
            g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
            out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Run the kernel: o [R, B, T, H, V] in out_dtype (one slab per read) and the final state [N, H, K, V] in h0's dtype."""
-    from .triton import kernels
-
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    mod = kernels("recurrent", rule=rule, decay=decay, reads=reads, acc=_ACC(h0.dtype))
-    o = torch.empty(len(queries), B, T, H, V, dtype=out_dtype, device=b.device)
-    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
-    BK, BV, warps = blocks(K, V, N * H, b.device)
+    device = b.device
+    kernel, BK, BV, warps = _kernel(rule, decay, reads, h0.dtype, K, V, N * H, device)
+    o = torch.empty(len(queries), B, T, H, V, dtype=out_dtype, device=device)
+    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=device)
     strides = [s for x in (*queries, a, b, c, g) for s in _strides(x)]
-    getattr(mod, f"{mod.NAME}_kernel")[(-(-V // BV), N * H)](
+    kernel[(-(-V // BV), N * H)](
         *queries, qs, a, b, c, g, h0, o, ht, cu_seqlens, T, B * T * H * V, *strides,
         H=H, K=K, V=V, BK=BK, BV=BV, USE_QS=qs is not None, USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None,
         num_warps=warps,
@@ -125,22 +141,21 @@ def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], tor
     """One state's scan on the recurrent kernel: ([o per read] in `dtype`, final state in float32, float64 when
     the inputs are). Operands go in as they are, in their dtype and strides: the kernel converts as it loads."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    if ops.g is None:
-        decay = "none"
-    else:
-        decay = "value" if ops.side == "value" else ("scalar" if ops.g.shape[-1] == 1 else "key")
+    g = ops.g
+    decay = "none" if g is None else "value" if ops.side == "value" else "scalar" if g.shape[-1] == 1 else "key"
     queries = [q for q, _, _ in ops.reads]
-    reads = "_".join(_read_mode(dec, wr) for _, dec, wr in ops.reads)
+    reads = _reads(tuple((dec, wr) for _, dec, wr in ops.reads))
     factors = ops.query_factors
-    if all(f is None for f in factors):
+    if len(factors) == 1:
+        qs = factors[0]
+        qs = None if qs is None else (qs if qs.dtype == acc else qs.to(acc)).contiguous()
+    elif all(f is None for f in factors):
         qs = None
-    elif len(factors) == 1:
-        qs = factors[0].to(acc).contiguous()
     else:
         qs = torch.stack([f.to(acc) if f is not None else torch.ones(ops.a.shape[2], dtype=acc, device=ops.a.device) for f in factors])
-    h0 = ops.h0.to(acc).contiguous()
+    h0 = (ops.h0 if ops.h0.dtype == acc else ops.h0.to(acc)).contiguous()
     rule = "additive" if ops.c is None else "delta"
     args = (queries, qs, ops.a, ops.b, ops.c, ops.g, h0, ops.cu_seqlens, rule, decay, reads, dtype)
     # eager calls skip the custom op's dispatch (it serves torch.compile's tracing, which sees the op)
     o, ht = recurrent_scan(*args) if torch.compiler.is_compiling() else launch(*args)
-    return list(o.unbind(0)), ht
+    return ([o[0]] if len(queries) == 1 else list(o.unbind(0))), ht
