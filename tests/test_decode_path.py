@@ -125,3 +125,14 @@ def test_layer_state_checks_after_steps():
     with pytest.raises(lamixer.ArgumentError, match="2 sequences"):
         layer.step(x[:1], state)
 
+
+def test_bench_decode_rows_without_a_gpu():
+    """The decode benchmark's arithmetic and timer, with stand-ins for the GPU's parts."""
+    from lamixer import bench
+
+    row = bench.decode_row("x", 4, state_bytes=2 * 10**6, bandwidth=1e12, step=lambda: None, replay=lambda: None, wall=lambda fn: 8.0)
+    assert row == dict(op="x", B=4, state_MB=1.91, state_floor_us=4.0, us=8.0, state_GBps=500.0, vs_floor=2.0,
+                       graph_us=8.0, graph_state_GBps=500.0, graph_vs_floor=2.0)  # fmt: skip
+    calls = []
+    assert bench.wall_us(lambda: calls.append(1), n=5, sync=lambda: None) >= 0 and len(calls) == 15
+    assert bench.layer_row_ok(lamixer.load("gla")) and not bench.layer_row_ok(lamixer.load("lln"))
