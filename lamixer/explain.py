@@ -106,11 +106,22 @@ def _kernels(c: Compiled) -> list[str]:
 
     missing = triton_backend.unsupported(c)
     if missing:
-        return ["triton kernels: none (the torch backend runs): " + "; ".join(missing)]
-    lines = ["triton kernels:"]
+        lines = ["triton kernels: none (the torch backend runs what the recurrent kernel does not): " + "; ".join(missing)]
+    else:
+        lines = ["triton kernels:"]
+        for s in c.classification.scans:
+            decay, read = triton_backend.template_config(s)
+            lines.append(f"  scan {s.state}: scan_additive_{decay}_{read}_float32_{{fwd_kernel, bwd_kernel_dq, bwd_kernel_dab}}")
+    return lines + _recurrent_kernels(c)
+
+
+def _recurrent_kernels(c: Compiled) -> list[str]:
+    """The recurrent kernel each scan runs on for inference on short sequences (backends/recurrent.py)."""
+    from .backends import recurrent
+
+    lines = [f"recurrent kernel (inference, sequences of at most {recurrent.MAX_T} tokens):"]
     for s in c.classification.scans:
-        decay, read = triton_backend.template_config(s)
-        lines.append(f"  scan {s.state}: scan_additive_{decay}_{read}_float32_{{fwd_kernel, bwd_kernel_dq, bwd_kernel_dab}}")
+        lines.append(f"  scan {s.state}: recurrent_{'_'.join(recurrent.template_config(s))}_float32_kernel")
     return lines
 
 

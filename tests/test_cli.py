@@ -86,8 +86,10 @@ def test_memory_floor_counts_inputs_and_outputs_once():
 def test_compile_writes_the_kernels_and_a_readme(tmp_path):
     code, out = run("compile", "rwkv6", "deltanet", "-o", str(tmp_path))
     assert code == 0, out
-    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == ["scan_additive_key_before.py"]
+    kernels = ["recurrent_additive_key_before.py", "recurrent_delta_none_after.py", "scan_additive_key_before.py"]
+    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == kernels
     assert "kernels/scan_additive_key_before.py" in (tmp_path / "rwkv6" / "README.md").read_text()
-    assert "No Triton kernels" in (tmp_path / "deltanet" / "README.md").read_text()
+    deltanet = (tmp_path / "deltanet" / "README.md").read_text()
+    assert "No Triton chunk kernels" in deltanet and "kernels/recurrent_delta_none_after.py" in deltanet
     code, out = run("compile", "-o", str(tmp_path))
     assert code != 0 and "--all" in out

@@ -28,7 +28,16 @@ def test_each_kernel_file_defines_its_three_named_kernels():
         assert names == {f"{stem}_fwd_kernel", f"{stem}_bwd_kernel_dq", f"{stem}_bwd_kernel_dab"}, path
 
 
+def test_each_recurrent_kernel_file_defines_its_kernel():
+    files = list((GENERATED / "kernels").glob("recurrent_*.py"))
+    assert len(files) == 7  # additive with each decay (key: read before or after), delta with none and scalar decay
+    for path in files:
+        names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert names == {path.stem + "_float32_kernel"}, path
+
+
 def test_every_shipped_spec_has_its_readme_naming_its_kernels():
     for name in lamixer.shipped_specs():
         text = (GENERATED / name / "README.md").read_text()
-        assert f"# {name}: generated code" in text and ("kernels/scan_additive_" in text or "No Triton kernels" in text)
+        assert f"# {name}: generated code" in text and ("kernels/scan_additive_" in text or "No Triton chunk kernels" in text)
+        assert "kernels/recurrent_" in text
