@@ -176,7 +176,7 @@ class _Program:
                 continue
             op = nodes[n]["op"]
             kind = ("scan" if n in plan.read_scan else "constant" if n in self.constant else "leaf" if op in LEAVES
-                    else op if op in ("stat", "block_attention") else "op")  # fmt: skip
+                    else op if op in ("stat", "block_attention", "output") else "op")  # fmt: skip
             self.steps.append((n, kind))
         self.constants = [n for n, kind in self.steps if kind == "constant"]
         # direct operands' per-head factors that are call constants, computed with the other constants
@@ -300,6 +300,8 @@ class _Evaluator:
                 self.env[n] = self.stat(n)
             elif kind == "block_attention":
                 self.env[n] = self.block_attention(n)
+            elif kind == "output":
+                self.env[n] = self.env[nodes[n]["args"][0]]
             else:
                 args = nodes[n]["args"]
                 self.env[n] = ops.apply(nodes[n], [self.env[a] for a in args], [nodes[a]["dims"] for a in args])
