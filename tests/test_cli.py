@@ -37,7 +37,7 @@ def test_explain_draws_png(tmp_path):
 def test_check_passes_on_a_shipped_spec():
     code, out = run("check", "simple_gla")
     assert code == 0, out
-    assert "ok" in out and "MISMATCH" not in out
+    assert "ok" in out and "MISMATCH" not in out and "inference T=37" in out  # the recurrent kernel too
 
 
 def test_check_reports_a_located_error_for_a_broken_spec(tmp_path):
