@@ -5,6 +5,7 @@ outputs and final states, T = 1, 5 and 37, packed sequences, initial states, str
 several reads of one state; which calls it serves (inference up to 64 tokens) and which it leaves
 to the chunk kernels; low precision; torch.compile; layers decoding on it.
 """
+import ast
 import os
 
 import pytest
@@ -213,3 +214,21 @@ def test_layer_prompt_then_steps_on_the_recurrent_kernel(name, launches):
         whole = layer(x)
     assert len(launches) == 5 * len(layer.mixer.compiled.classification.scans)
     assert rel_rms(torch.cat(outs, 1), whole) < 1e-10
+
+
+def test_compiles_for_the_gpu_without_spills():
+    """The interpreter accepts more than the compiler: compile the heaviest variant (delta rule, per-key decay, three
+    reads, packed sequences aside) for sm_90 on this machine, in a process without TRITON_INTERPRET, and ask ptxas."""
+    pytest.importorskip("triton.backends.nvidia")
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, 'bench'); import recurrent_registers as r\n"
+            "from lamixer.backends.recurrent import WARPS\n"
+            "print(r.registers(r.compile_kernel('delta', 'key', 'before_mid_after', 128, 32, WARPS[(128, 32)])))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.join(os.path.dirname(__file__), "..")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env={**env, "PYTHONPATH": os.path.abspath(root)}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    regs, spills = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert spills == 0 and regs <= 128, (regs, spills)

@@ -28,12 +28,13 @@ def recurrent_additive_value_after_float32_kernel(
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    # each operand's pointer at (batch row, token 0, head); a token adds t * its time stride
-    p_q0 = q0 + i_b * sq0_b + i_h * sq0_h + o_k * sq0_d
-    p_a = a + i_b * sa_b + i_h * sa_h + o_k * sa_d
-    p_b = b + i_b * sb_b + i_h * sb_h + o_v * sb_d
-    p_g = g + i_b * sg_b + i_h * sg_h + o_v * sg_d
-    p_o = o + (i_b * T * H + i_h) * V + o_v
+    # each operand's pointer at (batch row, token 0, head), in int64 whatever its strides; a token adds t * its time stride
+    i_h64, o_k64, o_v64 = i_h.to(tl.int64), o_k.to(tl.int64), o_v.to(tl.int64)
+    p_q0 = q0 + i_b * sq0_b + i_h64 * sq0_h + o_k64 * sq0_d
+    p_a = a + i_b * sa_b + i_h64 * sa_h + o_k64 * sa_d
+    p_b = b + i_b * sb_b + i_h64 * sb_h + o_v64 * sb_d
+    p_g = g + i_b * sg_b + i_h64 * sg_h + o_v64 * sg_d
+    p_o = o + (i_b * T * H + i_h64) * V + o_v
     p_hkv = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
     m_kv = m_k[:, None] & m_v[None, :]
     b_h = tl.zeros([BK, BV], dtype=tl.float32)  # the state S[:, value block]

@@ -26,7 +26,6 @@ from .torch import ScanOperands
 
 MAX_T = 64  # the longest sequence the recurrent kernel takes (see the module docstring)
 MAX_HEAD_DIM = 256  # a whole key column of the state sits in one program's registers
-TILE = 4096  # state elements per program: [BK, BV] fp32 is 32 registers a thread at 4 warps
 
 
 def serves(compiled: Compiled, call: Call) -> bool:
@@ -68,16 +67,22 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+# num_warps for a [BK, BV] state block, and the widest value block per BK: from ptxas's register counts for sm_90
+# (bench/recurrent_registers.py, no GPU needed), the choices with no spills and at most ~100 registers a thread for
+# every rule and decay kind; other shapes of the same size can take 255 registers and spill. Not yet timed.
+WARPS = {(16, 16): 2, (16, 32): 2, (16, 64): 2, (32, 16): 2, (32, 32): 4, (32, 64): 2, (64, 16): 4, (64, 32): 2,
+         (128, 16): 4, (128, 32): 4, (256, 16): 8}  # fmt: skip
+WIDEST = {16: 64, 32: 64, 64: 32, 128: 32, 256: 16}
+
+
 def blocks(K: int, V: int, programs: int, device: torch.device) -> tuple[int, int, int]:
-    """(BK, BV, num_warps): the whole key dim, a value block of at most TILE / BK columns, narrowed (down to
-    16) while the (value block, sequence x head) programs fill fewer than two waves of the GPU's
-    multiprocessors; fewer warps for small tiles, whose per-token reduction over K is then cheaper."""
+    """(BK, BV, num_warps): the whole key dim, the widest value block WIDEST allows, narrowed (down to 16) while the
+    (value block, sequence x head) programs fill fewer than two waves of the GPU's multiprocessors."""
     BK = _pow2(K)
-    BV = min(_pow2(V), max(16, TILE // BK))
+    BV = min(_pow2(V), WIDEST[BK])
     while BV > 16 and programs * -(-V // BV) < 2 * _multiprocessors(device):
         BV //= 2
-    tile = BK * BV
-    return BK, BV, 4 if tile >= 4096 else (2 if tile >= 1024 else 1)
+    return BK, BV, WARPS[(BK, BV)]
 
 
 def _strides(x: torch.Tensor | None) -> tuple[int, int, int, int]:
