@@ -1,4 +1,10 @@
-"""Binding a call's arguments to a compiled mixer, with a clear error for every bad argument."""
+"""Binding a call's arguments to a compiled mixer, with a clear error for every bad argument.
+
+Every check of a call's tensors depends only on their metadata (which arguments were given, and
+each tensor's shape, dtype and device), so a call with the signature of an earlier valid one
+reuses that binding's results and re-runs only the checks of values: cu_seqlens' offsets and a
+given scale. A call with any other signature, a bad one included, goes through every check.
+"""
 from __future__ import annotations
 
 import math
@@ -31,6 +37,10 @@ class Call:
     out_dtype: torch.dtype
     state_dtype: torch.dtype
     device: torch.device
+    longest: int = 0  # the longest sequence's length (T unless packed)
+    # what later stages work out once per call signature (backend choice, constants), kept with the signature's
+    # binding; None when nothing may be cached (an argument that is not a tensor, or torch.compile tracing)
+    memo: dict | None = None
 
 
 def _shape(dims) -> str:
@@ -60,7 +70,116 @@ def bind_operands(compiled: Compiled, args: tuple, kwargs: dict) -> dict[str, to
     return {name: bound[name] for name in names}
 
 
+MEMO_ENTRIES = 256  # signatures kept per compiled spec (and entries per signature); a full memo starts over
+
+
+def remember(memo: dict, key, value):
+    """memo[key] = value in a bounded memo (cleared when full); returns value."""
+    if len(memo) >= MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
+def _meta(x) -> tuple | None:
+    return (x.shape, x.dtype, x.device, x.requires_grad) if isinstance(x, torch.Tensor) else None
+
+
+def signature(args: tuple, kwargs: dict, initial_state, cu_seqlens, scale, compute_dtype) -> tuple | None:
+    """What every metadata check of a call depends on: which arguments were given, each tensor's shape, dtype,
+    device and requires_grad, the initial states' structure and metadata, cu_seqlens' length, dtype and device,
+    whether a scale was given. None when an argument is not a tensor (the full checks say why) or while
+    torch.compile traces (nothing is cached then)."""
+    if torch.compiler.is_compiling():
+        return None
+    metas = []
+    for x in args:
+        if not isinstance(x, torch.Tensor):
+            return None
+        metas.append((x.shape, x.dtype, x.device, x.requires_grad))
+    for x in kwargs.values():
+        if not isinstance(x, torch.Tensor):
+            return None
+        metas.append((x.shape, x.dtype, x.device, x.requires_grad))
+    if initial_state is None or isinstance(initial_state, torch.Tensor):
+        states = _meta(initial_state)
+    elif isinstance(initial_state, (tuple, list)):
+        states = tuple(_meta(h) for h in initial_state)
+        if any(m is None and h is not None for m, h in zip(states, initial_state)):
+            return None
+        states = ("seq", states)
+    else:
+        return None
+    if cu_seqlens is None:
+        cu = None
+    elif isinstance(cu_seqlens, torch.Tensor):
+        cu = (cu_seqlens.shape, cu_seqlens.dtype, cu_seqlens.device)
+    else:
+        return None
+    return (len(args), tuple(kwargs), tuple(metas), states, cu, scale is None, compute_dtype)
+
+
+class _Binding:
+    """What a valid call's metadata checks found, for the next call of the same signature."""
+
+    def __init__(self, compiled: Compiled, call: Call, scale_given: bool):
+        self.names = list(call.inputs)
+        self.sizes, self.B, self.T, self.H = call.sizes, call.batch, call.length, call.heads
+        self.dtypes = (call.compute_dtype, call.out_dtype, call.state_dtype)
+        self.device = call.device
+        self.default_scale = None if scale_given else call.scale
+        self.shapes = {name: tuple(h.shape) for name, h in call.initial_state.items()}  # (no tensor is kept)
+        self.states = list(compiled.graph.states)
+        self.memo: dict = {}  # for the later stages (Call.memo)
+
+    def rebind(self, args: tuple, kwargs: dict, scale, initial_state, cu_seqlens) -> Call:
+        compute, out, state = self.dtypes
+        if kwargs:
+            bound = dict(zip(self.names, args))
+            bound.update(kwargs)
+            tensors = {name: bound[name] for name in self.names}
+        else:
+            tensors = dict(zip(self.names, args))
+        cu, longest = (None, self.T) if cu_seqlens is None else _check_cu(cu_seqlens, self.B, self.T, self.device)
+        scale_value = self.default_scale if scale is None else _scale_value(scale)
+        if initial_state is None:
+            given = [None] * len(self.states)
+        elif isinstance(initial_state, torch.Tensor):
+            given = [initial_state]
+        else:
+            given = initial_state
+        states = {name: torch.zeros(self.shapes[name], dtype=compute, device=self.device) if h0 is None
+                  else h0 if h0.dtype == compute else h0.to(compute)
+                  for name, h0 in zip(self.states, given)}  # fmt: skip
+        return Call(tensors, self.sizes, self.B, self.T, self.H, scale_value, states, cu, compute, out, state, self.device, longest, self.memo)
+
+
 def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu_seqlens, compute_dtype=None) -> Call:
+    """The validated call (every bad argument an ArgumentError naming it); a signature seen valid before skips
+    the metadata checks (see the module docstring)."""
+    key = signature(args, kwargs, initial_state, cu_seqlens, scale, compute_dtype)
+    if key is None:
+        return _bind(compiled, args, kwargs, scale, initial_state, cu_seqlens, compute_dtype)
+    known = compiled.cache.get(key)
+    if known is not None:
+        return known.rebind(args, kwargs, scale, initial_state, cu_seqlens)
+    call = _bind(compiled, args, kwargs, scale, initial_state, cu_seqlens, compute_dtype)
+    call.memo = remember(compiled.cache, key, _Binding(compiled, call, scale is not None)).memo
+    return call
+
+
+def _scale_value(scale) -> float:
+    """A given scale as a finite float, or an ArgumentError."""
+    try:
+        value = float(scale) if isinstance(scale, numbers.Real) and not isinstance(scale, bool) else math.nan
+    except OverflowError:  # an int or Fraction too large for a float
+        value = math.inf
+    if not math.isfinite(value):
+        raise ArgumentError("scale", f"must be a finite number, got {scale!r}")
+    return value
+
+
+def _bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu_seqlens, compute_dtype=None) -> Call:
     g = compiled.graph
     tensors = bind_operands(compiled, args, kwargs)
     first = next(op for op in g.operands if op.kind == "input") if any(op.kind == "input" for op in g.operands) else g.operands[0]
@@ -103,9 +222,9 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
             raise ArgumentError(op.name, f"has an empty dim: {_shape(tensors[op.name].shape)}")
     sizes["H"] = H
 
-    cu = None
+    cu, longest = None, T
     if cu_seqlens is not None:
-        cu = check_cu_seqlens(cu_seqlens, B, T, device)
+        cu, longest = _check_cu(cu_seqlens, B, T, device)
     N = B if cu is None else len(cu) - 1
 
     dtypes = {tensors[op.name].dtype for op in g.operands if op.kind == "input"}
@@ -119,15 +238,10 @@ def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu
     else:
         if not g.uses_scale:
             raise ArgumentError("scale", f"{compiled.name} does not use a scale")
-        try:
-            scale_value = float(scale) if isinstance(scale, numbers.Real) and not isinstance(scale, bool) else math.nan
-        except OverflowError:  # an int or Fraction too large for a float
-            scale_value = math.inf
-        if not math.isfinite(scale_value):
-            raise ArgumentError("scale", f"must be a finite number, got {scale!r}")
+        scale_value = _scale_value(scale)
 
     states = _check_states(compiled, initial_state, N, H, sizes, device, compute_dtype)
-    return Call(tensors, sizes, B, T, H, scale_value, states, cu, compute_dtype, out_dtype, state_dtype, device)
+    return Call(tensors, sizes, B, T, H, scale_value, states, cu, compute_dtype, out_dtype, state_dtype, device, longest)
 
 
 def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
@@ -156,6 +270,11 @@ def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
 
 def check_cu_seqlens(cu, B: int, T: int, device) -> torch.Tensor:
     """cu_seqlens as int64 offsets on `device`, or an ArgumentError saying what is wrong with it."""
+    return _check_cu(cu, B, T, device)[0]
+
+
+def _check_cu(cu, B: int, T: int, device) -> tuple[torch.Tensor, int]:
+    """check_cu_seqlens, and the longest sequence's length."""
     if not isinstance(cu, torch.Tensor):
         raise ArgumentError("cu_seqlens", f"must be a 1-D integer tensor, got {type(cu).__name__}")
     if cu.dim() != 1 or cu.dtype not in (torch.int32, torch.int64) or cu.numel() < 2:
@@ -167,7 +286,7 @@ def check_cu_seqlens(cu, B: int, T: int, device) -> torch.Tensor:
         raise ArgumentError("cu_seqlens", f"must start at 0 and end at T = {T} (cover the batch), got {offsets[0]} ... {offsets[-1]}")
     if any(b <= a for a, b in zip(offsets, offsets[1:])):
         raise ArgumentError("cu_seqlens", "must be strictly increasing (every sequence non-empty)")
-    return cu.to(device=device, dtype=torch.int64)
+    return cu.to(device=device, dtype=torch.int64), max(b - a for a, b in zip(offsets, offsets[1:]))
 
 
 def _check_states(compiled: Compiled, initial_state, N: int, H: int, sizes, device, dtype) -> dict[str, torch.Tensor]:

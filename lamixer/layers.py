@@ -50,10 +50,26 @@ def _inv_softplus(x: torch.Tensor) -> torch.Tensor:
     return x + torch.log(-torch.expm1(-x))
 
 
+_NUMBERS: dict[str, torch.Tensor] = {}  # keyed by the exact bits (0.0 and -0.0 differ)
+
+
+def _number(value: float) -> torch.Tensor:
+    """A number as a 0-d float64 tensor, made once per value (nothing writes into it)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(value, dtype=torch.float64)
+    key = value.hex()
+    found = _NUMBERS.get(key)
+    if found is None:
+        if len(_NUMBERS) >= 1024:
+            _NUMBERS.clear()
+        found = _NUMBERS[key] = torch.tensor(value, dtype=torch.float64)
+    return found
+
+
 def _evaluate(e: S.Expr, env: dict[str, Value], draw=None) -> Value:
     """Evaluate an elementwise layer expression, broadcasting by dim name as the mixer does."""
     if isinstance(e, S.Num):
-        return torch.tensor(e.value, dtype=torch.float64), ()
+        return _number(float(e.value)), ()
     if isinstance(e, S.Name):
         return env[e.id]
     if isinstance(e, S.Neg):
@@ -195,6 +211,8 @@ class Layer(nn.Module):
         self.stateful = not any(d["op"] in ("stat", "block_attention") for _, d in graph.g.nodes(data=True))
         self.value_dims = graph.dims_of(graph.output)
         self._build()
+        self._fixed: dict[str, Value] | None = None  # see _inputs
+        self._shapes: dict[int, dict[str, tuple[int, ...]]] = {}  # see _check_state
 
     # -- construction --
     def _options(self, graph: ir.Graph, given: dict) -> dict[str, float]:
@@ -307,13 +325,16 @@ class Layer(nn.Module):
             raise ArgumentError("state", f"holds {state.batch} sequences, but the input has {N}")
         if not isinstance(state.position, torch.Tensor) or tuple(state.position.shape) != (N,):
             raise ArgumentError("state", f"needs position, the tokens each of its {N} sequences has seen ([N] integers)")
-        want = self.initial_state(N, device="meta")
+        need = self._shapes.get(N)
+        if need is None:  # the shapes of initial_state(N), worked out once per N
+            want = self.initial_state(N, device="meta")
+            need = {**{f"mixer[{i}]": s.shape for i, s in enumerate(want.mixer)}, **{f"conv[{k}]": c.shape for k, c in want.conv.items()}}
+            self._shapes = {**(self._shapes if len(self._shapes) < 64 else {}), N: need}
         got = {**{f"mixer[{i}]": s for i, s in enumerate(state.mixer)}, **{f"conv[{k}]": c for k, c in state.conv.items()}}
-        need = {**{f"mixer[{i}]": s for i, s in enumerate(want.mixer)}, **{f"conv[{k}]": c for k, c in want.conv.items()}}
         for key in set(got) | set(need):
-            if key not in got or key not in need or got[key].shape != need[key].shape:
+            if key not in got or key not in need or got[key].shape != need[key]:
                 have = list(got[key].shape) if key in got else "nothing"
-                should = list(need[key].shape) if key in need else "nothing"
+                should = list(need[key]) if key in need else "nothing"
                 raise ArgumentError("state", f"{key} is {have}, but this layer's is {should} (a state of a layer built with other sizes?)")
 
     def initial_state(self, batch: int, device=None, dtype: torch.dtype = torch.float32) -> LayerState:
@@ -350,8 +371,7 @@ class Layer(nn.Module):
         if not return_state:
             return y
         finals = finals if isinstance(finals, tuple) else (finals,)
-        lengths = torch.full((N,), T, device=x.device) if cu is None else cu[1:] - cu[:-1]
-        return y, LayerState(self.spec_key, N, finals, caches, offset + lengths)
+        return y, LayerState(self.spec_key, N, finals, caches, offset + T if cu is None else offset + (cu[1:] - cu[:-1]))
 
     def step(self, x_t: torch.Tensor, state: LayerState | None = None) -> tuple[torch.Tensor, LayerState]:
         """Decode one token per sequence: x_t [B, hidden] -> (y_t [B, hidden], the next state)."""
@@ -373,7 +393,9 @@ class Layer(nn.Module):
         """The mixer's per-token inputs [B, T, H, *dims]: projections, convolutions, maps in order, rotations."""
         B, T, H = x.shape[0], x.shape[1], self.num_heads
         h = self._conv(HIDDEN, x, state, cu, caches)
-        env: dict[str, Value] = {**self._constants(), **{d: (torch.tensor(float(n), dtype=torch.float64), ()) for d, n in self.sizes.items()}}
+        if self._fixed is None:  # the options' and dims' values, made once: a layer's sizes never change
+            self._fixed = {**self._constants(), **{d: (_number(float(n)), ()) for d, n in self.sizes.items()}}
+        env: dict[str, Value] = dict(self._fixed)
         for name, p in self.info.params.items():
             if not p.of_mixer:
                 env[name] = (self.params[name], p.dims)

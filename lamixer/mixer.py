@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from .call import BACKENDS, bind
+from .backends import recurrent
+from .call import BACKENDS, Call, bind, remember
 from .compiler import Compiled, compile_spec
 from .errors import ArgumentError
 
@@ -59,10 +60,25 @@ class Mixer:
             raise ArgumentError("output_final_state", f"must be True or False, got {output_final_state!r}")
         compute = torch.float64 if backend == "interpret" else None
         call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
+        if call.memo is None:
+            impl = self._backend(call, backend)
+        else:  # the choice depends on nothing but the signature, the grad mode and whether the recurrent kernel takes the length
+            key = (backend, torch.is_grad_enabled(), call.longest <= recurrent.MAX_T)
+            impl = call.memo.get(key) or remember(call.memo, key, self._backend(call, backend))
+        o, finals = impl.run(self.compiled, call)
+        o = o if o.dtype == call.out_dtype else o.to(call.out_dtype)
+        if not output_final_state:
+            return o, None
+        finals = [f if f.dtype == call.state_dtype else f.to(call.state_dtype) for f in finals]
+        return o, finals[0] if len(finals) == 1 else tuple(finals)
+
+    def _backend(self, call: Call, backend: str):
+        """The backend module that runs this call; an ArgumentError when Triton kernels are asked for and cannot run it."""
         if backend in ("auto", "triton"):
             from .backends import triton as triton_backend
 
-            missing = triton_backend.unsupported(self.compiled, call.sizes)
+            # inference on short sequences runs every scan on the recurrent kernel, whatever its rule
+            missing = [] if recurrent.serves(self.compiled, call) else triton_backend.unsupported(self.compiled, call.sizes)
             if backend == "triton" and missing:
                 raise ArgumentError("backend", f"{self.name} cannot run on Triton kernels: {'; '.join(missing)}")
             if backend == "auto":
@@ -73,12 +89,7 @@ class Mixer:
             from .backends import triton as impl
         else:
             from .backends import torch as impl
-        o, finals = impl.run(self.compiled, call)
-        o = o.to(call.out_dtype)
-        if not output_final_state:
-            return o, None
-        finals = [f.to(call.state_dtype) for f in finals]
-        return o, finals[0] if len(finals) == 1 else tuple(finals)
+        return impl
 
 
 @functools.lru_cache(maxsize=256)

@@ -37,7 +37,7 @@ def test_explain_draws_png(tmp_path):
 def test_check_passes_on_a_shipped_spec():
     code, out = run("check", "simple_gla")
     assert code == 0, out
-    assert "ok" in out and "MISMATCH" not in out
+    assert "ok" in out and "MISMATCH" not in out and "inference T=37" in out  # the recurrent kernel too
 
 
 def test_check_reports_a_located_error_for_a_broken_spec(tmp_path):
@@ -89,9 +89,11 @@ def test_compile_writes_the_kernels_and_a_readme(tmp_path):
     code, out = run("compile", "rwkv6", "deltanet", str(two_reads), "-o", str(tmp_path / "out"))
     assert code == 0, out
     tmp_path = tmp_path / "out"
-    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == ["chunk_additive_key_before.py", "scan_delta_none_after.py"]
+    kernels = ["chunk_additive_key_before.py", "recurrent_additive_key_before.py", "recurrent_delta_none_after.py", "scan_delta_none_after.py"]
+    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == kernels
     assert "kernels/chunk_additive_key_before.py" in (tmp_path / "rwkv6" / "README.md").read_text()
-    assert "kernels/scan_delta_none_after.py" in (tmp_path / "deltanet" / "README.md").read_text()
-    assert "No Triton kernels" in (tmp_path / "two_reads" / "README.md").read_text()
+    deltanet = (tmp_path / "deltanet" / "README.md").read_text()
+    assert "kernels/scan_delta_none_after.py" in deltanet and "kernels/recurrent_delta_none_after.py" in deltanet
+    assert "No Triton chunk kernels" in (tmp_path / "two_reads" / "README.md").read_text()
     code, out = run("compile", "-o", str(tmp_path))
     assert code != 0 and "--all" in out

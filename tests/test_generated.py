@@ -40,8 +40,17 @@ def test_each_delta_kernel_file_defines_its_named_kernels():
         assert names == {f"{path.stem}_float32_{k}" for k in KERNELS}, path
 
 
+def test_each_recurrent_kernel_file_defines_its_kernel():
+    files = list((GENERATED / "kernels").glob("recurrent_*.py"))
+    assert len(files) == 7  # additive with each decay (key: read before or after), delta with none and scalar decay
+    for path in files:
+        names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert names == {path.stem + "_float32_kernel"}, path
+
+
 def test_every_shipped_spec_has_its_readme_naming_its_kernels():
     for name in lamixer.shipped_specs():
         text = (GENERATED / name / "README.md").read_text()
-        assert f"# {name}: generated code" in text and ("kernels/chunk_additive_" in text or "kernels/scan_additive_" in text or "kernels/scan_delta_" in text
-                                                         or "No Triton kernels" in text)  # fmt: skip
+        assert f"# {name}: generated code" in text and ("kernels/chunk_additive_" in text or "kernels/scan_additive_" in text
+                                                         or "kernels/scan_delta_" in text or "No Triton chunk kernels" in text)  # fmt: skip
+        assert "kernels/recurrent_" in text

@@ -58,6 +58,7 @@ def test_no_initial_state_and_scale():
 def test_specs_outside_the_templates_say_why():
     m = lamixer.loads("mixer two_reads\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S + k @ S\n")
     tensors, _ = random_call(m, T=4, seed=0)
+    tensors = {k: v.requires_grad_() for k, v in tensors.items()}  # training: inference runs on the recurrent kernel
     with pytest.raises(lamixer.ArgumentError, match="more than one read"):
         m(**tensors, backend="triton")
     o, _ = m(**tensors)  # auto falls back to the torch backend

@@ -19,7 +19,7 @@ import jinja2
 import torch
 
 from ..autotune import Config, _pow2, default_config, device_name, entry_key, lookup, shape_bucket
-from ..call import Call
+from ..call import Call, remember
 from ..compiler import Compiled
 from . import torch as torch_backend
 from .torch import ScanOperands
@@ -553,11 +553,29 @@ def direct_operands(compiled: Compiled, call: Call) -> dict[int, tuple[str, int 
 
 
 def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if call.memo is None:
+        return torch_backend.run(compiled, call, *_choices(compiled, call, interpreted))
+    from . import recurrent
+
+    # the choices depend on nothing but the signature, the grad mode and whether the recurrent kernel takes the length
+    key = ("triton", torch.is_grad_enabled(), call.longest <= recurrent.MAX_T, interpreted)
+    choices = call.memo.get(key)
+    if choices is None:
+        choices = remember(call.memo, key, _choices(compiled, call, interpreted))
+    return torch_backend.run(compiled, call, *choices)
+
+
+def _choices(compiled: Compiled, call: Call, interpreted: bool) -> tuple:
+    """(scan implementation, direct operands, evaluation program) for this call."""
     dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
-    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+    if dtype == torch.bfloat16 and interpreted:
         dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits
     direct = direct_operands(compiled, call)
-    return torch_backend.run(compiled, call, scan_impl=functools.partial(triton_scan, dtype=dtype), direct=direct)
+    from . import recurrent  # inference on short sequences: the recurrent kernel (see its module)
+
+    scan_impl = functools.partial(recurrent.scan if recurrent.serves(compiled, call) else triton_scan, dtype=dtype)
+    return scan_impl, direct, torch_backend.program(compiled, direct)
 
 
 from . import triton_delta  # noqa: E402  (the delta rule's kernels; it uses the helpers above)
