@@ -89,7 +89,8 @@ def test_compile_writes_the_kernels_and_a_readme(tmp_path):
     code, out = run("compile", "rwkv6", "deltanet", str(two_reads), "-o", str(tmp_path / "out"))
     assert code == 0, out
     tmp_path = tmp_path / "out"
-    kernels = ["chunk_additive_key_before.py", "recurrent_additive_key_before.py", "recurrent_delta_none_after.py", "scan_delta_none_after.py"]
+    kernels = ["chunk_additive_key_before.py", "recurrent_additive_key_before.py", "recurrent_additive_none_after_after.py",
+               "recurrent_delta_none_after.py", "scan_delta_none_after.py"]
     assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == kernels
     assert "kernels/chunk_additive_key_before.py" in (tmp_path / "rwkv6" / "README.md").read_text()
     deltanet = (tmp_path / "deltanet" / "README.md").read_text()

@@ -116,9 +116,9 @@ def test_broadcast_operands_need_no_copy(launches, monkeypatch):
 def test_serves_inference_up_to_64_tokens_and_leaves_the_rest_to_the_chunk_kernels(monkeypatch):
     m = lamixer.load("simple_gla")
     used = []
-    launch, chunk = recurrent.launch, triton_backend.additive_scan
+    launch, chunk = recurrent.launch, triton_backend.run_chunk_scan
     monkeypatch.setattr(recurrent, "launch", lambda *args: used.append("recurrent") or launch(*args))
-    monkeypatch.setattr(triton_backend, "additive_scan", lambda *args: used.append("chunk") or chunk(*args))
+    monkeypatch.setattr(triton_backend, "run_chunk_scan", lambda *args: used.append("chunk") or chunk(*args))
 
     def kernel(T=None, grad=False, enabled=True, cu=None):
         used.clear()
@@ -142,13 +142,8 @@ def test_the_delta_rule_runs_on_triton_kernels_for_inference(launches):
     assert_matches(m, tensors, states, "gated_deltanet")
     assert launches == [("delta", "scalar", "after")] * 1
     grads = {k: v.clone().requires_grad_() for k, v in tensors.items()}
-    with pytest.raises(lamixer.ArgumentError, match="backend"):  # training: no chunk template for the delta rule here
-        m(**grads, backend="triton")
-    long, _ = random_call(m, T=65, H=2, seed=0)
-    with torch.no_grad(), pytest.raises(lamixer.ArgumentError, match="backend"):
-        m(**long, backend="triton")
-    o, _ = m(**grads)  # auto: the torch backend
-    assert o.requires_grad
+    o, _ = m(**grads, backend="triton")  # training: the delta rule's chunk kernels, not this one
+    assert o.requires_grad and len(launches) == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
