@@ -67,13 +67,13 @@ def test_specs_outside_the_templates_say_why():
 
 def test_rendered_source_is_cached_by_content(tmp_path, monkeypatch):
     monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
-    source = triton_backend.render("scan_additive", decay="key", read="before", acc="float32")
-    assert "def scan_additive_key_before_float32_fwd_kernel(" in source
+    source = triton_backend.render("chunk_additive", decay="key", read="before", acc="float32")
+    assert "def chunk_additive_key_before_float32_state_fwd(" in source
     assert "decay=key, read=before" in source
     triton_backend.kernels.cache_clear()
-    mod = triton_backend.kernels("scan_additive", decay="key", read="before", acc="float32")
-    files = list((tmp_path / "kernels").glob("scan_additive_*.py"))
-    assert len(files) == 1 and files[0].read_text() == source and hasattr(mod, "scan_additive_key_before_float32_bwd_kernel_dab")
+    mod = triton_backend.kernels("chunk_additive", decay="key", read="before", acc="float32")
+    files = list((tmp_path / "kernels").glob("chunk_additive_*.py"))
+    assert len(files) == 1 and files[0].read_text() == source and hasattr(mod, "chunk_additive_key_before_float32_strips_bwd")
     triton_backend.kernels.cache_clear()
 
 
@@ -102,18 +102,20 @@ def test_torch_compile_fullgraph_does_not_break_on_a_mixer():
         assert torch.equal(leaves[k].grad, eager[k].grad), k
 
 
-@pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla", "lln", "gsa"])
-def test_split_walks_match_interpreter(name, monkeypatch):
-    """Forward and backward as state passes plus every 64-token segment in parallel (an autotuning choice)."""
-    from lamixer.autotune import Config, default_config
+@pytest.mark.parametrize("spec", ["gsa", os.path.join(EXAMPLES, "value_gated.lam")])
+def test_split_walks_match_interpreter(spec, monkeypatch):
+    """scan_additive (a value-dim decay) walks forward and backward as state passes plus every 64-token segment in
+    parallel (an autotuning choice)."""
+    from dataclasses import replace
 
-    m = lamixer.load(name)
-    decay = "key" if name in ("gla", "rwkv6", "gsa") else "scalar"
-    d = default_config(decay, 16, 16)
-    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", Config(d.BT, d.BV, d.BK, d.num_warps, d.num_stages, 1))
+    from lamixer.autotune import default_config
+
+    m = lamixer.load(spec)
+    assert "scan_additive" in {triton_backend.family(triton_backend.template_config(s)[0]) for s in m.compiled.classification.scans}
+    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", replace(default_config("value", 16, 16), split=1))
     for T, cu in [(150, None), (None, [0, 5, 150, 171])]:
         tensors, states = random_call(m, T=T or 1, H=2, cu_seqlens=cu, seed=6)
-        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=6), f"{name} split T={T} cu={cu}")
+        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=6), f"{spec} split T={T} cu={cu}")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -154,7 +156,7 @@ def test_value_dim_decay_with_early_reads(read):
         _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=2), f"value decay, read {read}")
 
 
-@pytest.mark.parametrize("name", ["gla", "rwkv6"])
+@pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla"])
 def test_float32_strong_gates_stay_finite(name):
     """In float32 exp overflows past 88: every exponent in the kernels must be <= 0 or masked before exp,
     padded rows of a chunk included (float64 hides a violation up to 709)."""

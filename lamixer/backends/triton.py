@@ -92,7 +92,7 @@ def _read_mode(decayed: bool, written: bool) -> str:
 
 
 def template_config(scan) -> tuple[str, str]:
-    """The (decay, read) a classified scan renders scan_additive with (a constant decay runs as a scalar one)."""
+    """The (decay, read) an additive scan renders its template with (a constant decay runs as a scalar one)."""
     decay = {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key", "value": "value"}[scan.decay]
     return decay, _read_mode(scan.reads[0].decayed, scan.reads[0].written)
 
@@ -108,9 +108,8 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
 @torch.library.custom_op("lamixer::additive_scan", mutates_args=())
 def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on rendered kernels: (o, final state).
-
-    qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
+    """S_t = S_{t-1} diag(exp(g_t)) + a_t b_t^T (a decay along the value dim), o_t = (qs_h q_t)^T S_read(t) on
+    scan_additive's kernels: (o, final state). qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
@@ -146,7 +145,7 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
 def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
                            cu_seqlens: torch.Tensor | None, ht: torch.Tensor, o: torch.Tensor | None, do: torch.Tensor, dht: torch.Tensor,
                            decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, da, db, dg, dh0) of additive_scan; dg is empty without a decay."""
+    """(dq, da, db, dg, dh0) of additive_scan."""
     mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
@@ -159,7 +158,7 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     c = Config.from_list(cfg)
     split = bool(c.split)
     # the state at every segment end: for d(log decay), and as the starting points of a split walk
-    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if decay != "none" or split else None
+    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device)
     dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
     dq_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dq")
     common = dict(H=H, K=K, V=V, BT=c.BT, P=SEGMENT, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(c))
@@ -170,19 +169,19 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
         )  # fmt: skip
     dq_kernel[(triton_cdiv(K, c.BK), N * H, NS if split else 1)](
         q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
-        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=hs is not None and not split, SPLIT=split, **common,
+        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=not split, SPLIT=split, **common,
     )  # fmt: skip
     BV = c.BV
     NV = triton_cdiv(V, BV)
     da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
-    # a value-dim decay's whole-segment term is over V, each value block writing its own columns
-    dgs = torch.empty(*((1, N, NS, H, V) if decay == "value" else (NV, N, NS, H, K)), dtype=acc, device=a.device) if decay != "none" else None
+    # each segment's whole-decay term is over V, each value block writing its own columns
+    dgs = torch.empty(N, NS, H, V, dtype=acc, device=a.device)
     db = torch.empty_like(b)
     dh0 = torch.empty_like(h0)
     dht = dht.contiguous()
     dab_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dab")
     dhs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if split else None
-    strides = (B * T * H * K, N * NS * H * K)
+    strides = (B * T * H * K,)
     if split:  # the reverse state pass: dS at every segment end
         dab_kernel[(NV, N * H, 1)](
             q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
@@ -193,12 +192,8 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
         USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, SPLIT=split, COMPUTE_DAB=True, STORE_DHS=False, **common,
     )  # fmt: skip
     da = da.sum(0)
-    if g is None:
-        dg = q.new_empty(0)
-    elif decay == "value":  # the output and b carry the decay on the value side: o * do - b * db
-        dg = _decay_grad(o, do, b, db, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
-    else:
-        dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
+    # the output and b carry the decay on the value side: o * do - b * db
+    dg = _decay_grad(o, do, b, db, dgs, cu_seqlens, read, decay).to(g.dtype)
     return dq.to(q.dtype), da.to(a.dtype), db, dg, dh0
 
 
@@ -252,8 +247,7 @@ def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype) -> torch.dtype:
     return x.dtype if x.dtype in (torch.bfloat16, torch.float16) else acc
 
 
-def _precision(x: torch.Tensor) -> str:
-    return "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
+PRECISION = "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
 
 
 def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
@@ -272,7 +266,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
     hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype), device=b.device)
     A = torch.empty(B, T, H, c.BT if decay == "key" else 0, dtype=h0.dtype, device=b.device)
-    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(a))
+    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H)](
             a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages, **common)
@@ -317,7 +311,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dh0 = torch.empty_like(h0)
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
-    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(a))
+    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H)](
             q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=c.num_stages, **common)
@@ -350,47 +344,45 @@ def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg):
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
 
 
-def _chunk_setup_context(ctx, inputs, output):
+def _chunk_save(ctx, inputs, hs, A) -> None:
     q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
-    ctx.mark_non_differentiable(output[2], output[3])
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[2], output[3])
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A)
     ctx.config = (decay, read, cfg)
 
 
-def _chunk_backward(ctx, do, dht, _dhs, _dA):
+def _chunk_grads(ctx, do, dht, backward) -> tuple:
+    """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
     q, qs, a, b, g, h0, cu_seqlens, hs, A = ctx.saved_tensors
     if do is None:
         do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=b.dtype, device=b.device)
     if dht is None:
         dht = torch.zeros_like(h0)
-    dq, da, db, dg, dh0 = chunk_scan_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
+    dq, da, db, dg, dh0 = backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
     return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
 
 
-chunk_scan.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
+def _chunk_setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[2], output[3])
+    _chunk_save(ctx, inputs, output[2], output[3])
+
+
+chunk_scan.register_autograd(lambda ctx, do, dht, _dhs, _dA: _chunk_grads(ctx, do, dht, chunk_scan_backward),
+                             setup_context=_chunk_setup_context)  # fmt: skip
 
 
 class _EagerChunkScan(torch.autograd.Function):
     """The same as the custom op, without its dispatch (tens of microseconds a call) outside torch.compile."""
 
     @staticmethod
-    def forward(ctx, q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
-        o, ht, hs, A = _chunk_forward(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A)
-        ctx.config = (decay, read, cfg)
+    def forward(ctx, *inputs):
+        o, ht, hs, A = _chunk_forward(*inputs)
+        _chunk_save(ctx, inputs, hs, A)
         return o, ht
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, qs, a, b, g, h0, cu_seqlens, hs, A = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=b.dtype, device=b.device)
-        if dht is None:
-            dht = torch.zeros_like(h0)
-        dq, da, db, dg, dh0 = _chunk_backward_impl(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
-        return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
+        return _chunk_grads(ctx, do, dht, _chunk_backward_impl)
 
 
 def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -404,8 +396,7 @@ def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: l
 
 def _setup_context(ctx, inputs, output):
     q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
-    o = output[0] if decay == "value" else None  # a value-dim decay's gradient reads the output
-    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1], o)
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1], output[0])  # d(log decay) reads the output
     ctx.config = (decay, read, cfg)
 
 
