@@ -15,14 +15,13 @@ import os
 import time
 
 import torch
+from gpu import _fb  # bench/ is the script's folder: the same forward+backward the GPU check uses
 
 import lamixer
 from lamixer import bench
 from lamixer.autotune import Config
 from lamixer.backends import triton as tb
 from lamixer.check import random_call, rel_rms
-
-from gpu import _fb  # bench/ is the script's folder: the same forward+backward the GPU check uses
 
 
 def kernel_times(fn, do) -> dict[str, float]:

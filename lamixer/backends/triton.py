@@ -251,7 +251,8 @@ PRECISION = "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 re
 
 
 def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
-               h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str,
+                   cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on chunk_additive's kernels.
 
     Returns (o, final state, hs: the state entering each chunk, A: each chunk's scores under a decay along
