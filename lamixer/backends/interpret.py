@@ -26,14 +26,22 @@ class _Token:
         self.const = lambda v: torch.tensor(float(v), dtype=dt, device=call.device).reshape(1, 1)
         self.head = torch.arange(H, dtype=dt, device=call.device).reshape(1, H)
         self.block: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        # inputs and parameters in the compute dtype once per call: converted per token, a parameter's gradient
+        # would be summed over the tokens in the caller's dtype (a bf16 sum of thousands of terms)
+        self.converted: dict[str, torch.Tensor] = {}
+
+    def operand(self, name: str) -> torch.Tensor:
+        if name not in self.converted:
+            self.converted[name] = self.call.inputs[name].to(self.call.compute_dtype)
+        return self.converted[name]
 
     def leaf(self, n: int, t: int, states: dict[str, torch.Tensor]) -> torch.Tensor:
         d, call = self.g.node(n), self.call
         op = d["op"]
         if op == "input":
-            return call.inputs[d["name"]][:, t].to(call.compute_dtype)
+            return self.operand(d["name"])[:, t]
         if op == "param":
-            p = call.inputs[d["name"]].to(call.compute_dtype)
+            p = self.operand(d["name"])
             return p.unsqueeze(0) if d["per_head"] else p.reshape(1, 1, *p.shape)
         if op == "const":
             return self.const(d["value"])
