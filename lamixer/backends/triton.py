@@ -109,12 +109,14 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
 def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = S_{t-1} diag(exp(g_t)) + a_t b_t^T (a decay along the value dim), o_t = (qs_h q_t)^T S_read(t) on
-    scan_additive's kernels: (o, final state). qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
+    scan_additive's kernels: (o, final state). qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list.
+    o is in the state's precision: d(log decay) is built from o * do - b * db, whose suffix sums cancel, so neither
+    factor may be rounded to bf16 first."""
     mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+    o = torch.empty(B, T, H, V, dtype=h0.dtype, device=b.device)
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
     c = Config.from_list(cfg)
     varlen = cu_seqlens is not None
@@ -138,7 +140,7 @@ def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: 
 def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
+    return h0.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
 
 
 @torch.library.custom_op("lamixer::additive_scan_backward", mutates_args=())
@@ -176,7 +178,7 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
     # each segment's whole-decay term is over V, each value block writing its own columns
     dgs = torch.empty(N, NS, H, V, dtype=acc, device=a.device)
-    db = torch.empty_like(b)
+    db = torch.empty(*b.shape, dtype=acc, device=b.device)  # kept precise, as o is: d(log decay) is built from them
     dh0 = torch.empty_like(h0)
     dht = dht.contiguous()
     dab_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dab")
@@ -194,7 +196,7 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     da = da.sum(0)
     # the output and b carry the decay on the value side: o * do - b * db
     dg = _decay_grad(o, do, b, db, dgs, cu_seqlens, read, decay).to(g.dtype)
-    return dq.to(q.dtype), da.to(a.dtype), db, dg, dh0
+    return dq.to(q.dtype), da.to(a.dtype), db.to(b.dtype), dg, dh0
 
 
 @additive_scan_backward.register_fake
@@ -488,6 +490,7 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
         o, ht = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     else:
         o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+        o = o.to(dtype)
     return [o], ht
 
 
