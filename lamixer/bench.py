@@ -29,7 +29,18 @@ COMPETITORS = {
             "fla.ops.gla:fused_recurrent_gla", lambda f, t, h0: f(t["q"], t["k"], t["v"], gk=t["g"], initial_state=h0, output_final_state=True)),
     "retnet": ("fla.ops.retention:chunk_retention", lambda f, t: f(t["q"], t["k"], t["v"]),
                "fla.ops.retention:fused_recurrent_retention", lambda f, t, h0: f(t["q"], t["k"], t["v"], initial_state=h0, output_final_state=True)),
+    "deltanet": ("fla.ops.delta_rule:chunk_delta_rule", lambda f, t: f(t["q"], t["k"], t["v"], t["beta"], use_qk_l2norm_in_kernel=True),
+                 "fla.ops.delta_rule:fused_recurrent_delta_rule", lambda f, t, h0: f(t["q"], t["k"], t["v"], t["beta"], initial_state=h0,
+                                                                                    output_final_state=True, use_qk_l2norm_in_kernel=True)),
+    "gated_deltanet": ("fla.ops.gated_delta_rule:chunk_gated_delta_rule",
+                       lambda f, t: f(t["q"], t["k"], t["v"], t["g"].float(), t["beta"], use_qk_l2norm_in_kernel=True),
+                       "fla.ops.gated_delta_rule:fused_recurrent_gated_delta_rule",
+                       lambda f, t, h0: f(t["q"], t["k"], t["v"], t["g"].float(), t["beta"], initial_state=h0, output_final_state=True,
+                                          use_qk_l2norm_in_kernel=True)),
+    "gsa": ("fla.ops.gsa:chunk_gsa", lambda f, t: f(t["q"], t["k"], t["v"], t["s"], t["g"]),
+            "fla.ops.gsa:fused_recurrent_gsa", lambda f, t, h0: f(t["q"], t["k"], t["v"], t["s"], t["g"], initial_state=h0, output_final_state=True)),
 }  # fmt: skip
+
 
 
 def _import(path: str):
@@ -209,7 +220,7 @@ def decode_rows(m: Mixer, bandwidth: float, have_fla: bool = False) -> list[dict
                 if have_fla and m.name in COMPETITORS:
                     path, call = COMPETITORS[m.name][2:]
                     fn = _import(path)
-                    row["fla_us"] = round(wall_us(lambda: call(fn, tensors, h0[0])), 1)
+                    row["fla_us"] = round(wall_us(lambda: call(fn, tensors, h0_arg)), 1)
             return row
 
         rows.append(_guarded(f"lamixer {m.name} decode", B, mixer_row))
