@@ -16,8 +16,8 @@ state size, parameter count, recall accuracy on held-out sequences and training 
     python examples/mqar.py --tiny                  # a small one for a CPU (about half a minute)
     python examples/mqar.py --specs gla,deltanet --steps 2000 --out mqar.json
 
-On CUDA the layers' backend "auto" runs the Triton kernels where the spec's family has them (the
-delta rule runs on the torch backend).
+On CUDA the layers' backend "auto" runs the generated Triton kernels (chunkwise for training, the
+recurrent kernel for short inference calls); on a CPU the torch backend.
 """
 from __future__ import annotations
 
