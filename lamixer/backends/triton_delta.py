@@ -32,12 +32,15 @@ def kernel_hash(decay: str, read: str, acc: str) -> str:
 
 
 def default_config(decay: str, K: int, V: int) -> Config:
-    # a per-key decay holds [BT, BT, BK] weights: short chunks; the sequential passes hold K whole, so wide keys
-    # take narrower value blocks; BK is the key block of the per-chunk kernels
-    BV = min(64 if K <= 128 else 32, _pow2(V))
+    """Chosen by the registers ptxas reports for sm_90 at K = V = 128 (bf16 inputs): 8 warps and 32-token chunks
+    spill nothing without a decay (64-token chunks or 4 warps spill 0.3 to 2.7 KB a thread in the sequential passes
+    and the gradient kernel); a decay's float32 intermediates take 16-wide value blocks (the least spilling, about
+    0.5 KB left in the reverse pass). A per-key decay holds [BT, BT, BK] weights: 16-token chunks. BK is the key
+    block of the per-chunk kernels; the sequential passes hold K whole, so wider keys take narrower value blocks."""
     if decay == "key":
-        return Config(16, BV, min(64, _pow2(K)), 8, 1)
-    return Config(64, BV, min(64, _pow2(K)), 4, 1)
+        return Config(16, min(64 if K <= 128 else 32, _pow2(V)), min(64, _pow2(K)), 8, 1)
+    BV = 32 if decay == "none" and K <= 128 else 16
+    return Config(32, min(BV, _pow2(V)), min(64, _pow2(K)), 8, 1)
 
 
 def candidates(decay: str, K: int, V: int) -> list[Config]:
@@ -92,14 +95,15 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_
     varlen = cu is not None
     chunks, indices, offsets = _chunks(cu, B, T, BT)
     grid_chunks = (tb.triton_cdiv(T, BT), N * H) if not varlen else (chunks, H)
+    work = a.dtype if g is None else acc  # the template's `lowp`: intermediates in the inputs' dtype without a decay
     tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
-    w = torch.empty(B, T, H, K, dtype=acc, device=a.device)
-    u = torch.empty(B, T, H, V, dtype=acc, device=a.device)
+    w = torch.empty(B, T, H, K, dtype=work, device=a.device)
+    u = torch.empty(B, T, H, V, dtype=work, device=a.device)
     shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **tb._launch(c_cfg))
     getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
         a, c, b, g, tm, w, u, cu, indices, T, BK=BK, PRECISION="ieee", ACC_PRECISION=acc_precision, **shapes,
     )  # fmt: skip
-    h = torch.empty(chunks, H, K, V, dtype=acc, device=a.device)
+    h = torch.empty(chunks, H, K, V, dtype=work, device=a.device)
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BV), N * H)](
