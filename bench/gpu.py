@@ -131,7 +131,7 @@ def main():
         if not args.skip_time:
             timed = [lamixer.load(n) for n in (args.time_specs.split(",") if args.time_specs else names)]
             vs = {"sdpa"} | ({"fla"} if args.fla else set())
-            timing = bench.run(timed, [int(t) for t in args.Ts.split(",")], vs, decode=not args.skip_decode, log=lambda r: print(r, flush=True))
+            timing = bench.run(timed, [int(t) for t in args.Ts.split(",") if t], vs, decode=not args.skip_decode, log=lambda r: print(r, flush=True))
             res["timing"] = timing
     finally:
         os.makedirs(args.out, exist_ok=True)

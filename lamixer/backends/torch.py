@@ -133,21 +133,19 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
 
 
 def block_attention(q, k, v, scale, size: int) -> torch.Tensor:
-    """Causal softmax attention within blocks of `size` tokens: [B, T, H, D] -> [B, T, H, Dv]."""
+    """Causal softmax attention within blocks of `size` tokens: [B, T, H, D] -> [B, T, H, Dv]. Each block is one
+    batch row of torch's scaled_dot_product_attention (a fused kernel on a GPU: no [size, size] scores kept)."""
     B, T, H, _ = q.shape
     size = min(size, T)  # blocks start at the first token: a block longer than the sequence is the sequence
     nb = -(-T // size)
 
-    def blocks(x):
-        x = F.pad(x, (0, 0, 0, 0, 0, nb * size - T))
-        return x.reshape(B, nb, size, H, x.shape[-1]).permute(0, 3, 1, 2, 4)  # B H nb s D
+    def blocks(x):  # [B * nb, H, size, D], a view where no padding is needed
+        x = F.pad(x, (0, 0, 0, 0, 0, nb * size - T)) if nb * size != T else x
+        return x.reshape(B * nb, size, H, x.shape[-1]).transpose(1, 2)
 
-    qb, kb, vb = blocks(q), blocks(k), blocks(v)
-    scores = (qb @ kb.transpose(-1, -2)) * scale.reshape(-1, 1, 1, 1, 1) if scale.dim() else (qb @ kb.transpose(-1, -2)) * scale
-    causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
-    scores = scores.masked_fill(~causal, float("-inf"))
-    out = torch.softmax(scores, -1) @ vb  # B H nb s Dv
-    return out.permute(0, 2, 3, 1, 4).reshape(B, nb * size, H, -1)[:, :T]
+    q = q * scale  # one number (a 0-d tensor)
+    out = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), is_causal=True, scale=1.0)  # [B * nb, H, size, Dv]
+    return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
 
 
 LEAVES = ("input", "param", "const", "dim", "head", "scale")
