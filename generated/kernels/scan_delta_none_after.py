@@ -41,34 +41,45 @@ def scan_delta_none_after_float32_prepare_kernel(
         b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
         b_M += b_Mk
-    # T = (I - M)^-1. Forward substitution on the 16-token diagonal blocks, row r of every block at once:
-    # T_i = e_i + sum_{j < i, same block} M_ij T_j. That gives D^-1 (D = I - M on the diagonal blocks); with
-    # N = M off them, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly block-lower, so X^4 = 0 for
-    # BT <= 64 and (I - X)^-1 = (I + X^2)(I + X).
+    # T = (I - M)^-1. First D^-1 (D = I - M on the 16-token diagonal blocks) by forward substitution in each
+    # [16, 16] block, T_r = e_r + sum_{j < r} M_rj T_j: the blocks pass through tm (this program's own rows) so each
+    # is a tile of its own. With N = M off them, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly
+    # block-lower, so X^4 = 0 for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X).
     m_d = (o_t // 16)[:, None] == (o_t // 16)[None, :]
-    b_Md = tl.where(m_d, b_M, 0.)
-    b_T = tl.where(o_t[:, None] == o_t[None, :], 1., 0.).to(tl.float32)  # [BT, BT]
-    for r in range(1, 16):
-        m_r = (o_t % 16) == r
-        b_T += tl.where(m_r[:, None], tl.dot(tl.where(m_r[:, None], b_Md, 0.), b_T, input_precision=ACC_PRECISION), 0.)
+    p_tm = tm + (t[:, None] * H + i_h) * BT + o_t[None, :]
+    tl.store(p_tm, tl.where(m_d, b_M, 0.).to(tm.dtype.element_ty), mask=m_t[:, None])
+    tl.debug_barrier()
+    o_c = tl.arange(0, 16)
+    for i_b in tl.static_range(BT // 16):
+        m_c = i_t * BT + i_b * 16 + o_c < L
+        p_blk = tm + ((bos + i_t * BT + i_b * 16 + o_c)[:, None] * H + i_h) * BT + (i_b * 16 + o_c)[None, :]
+        b_Mb = tl.load(p_blk, mask=m_c[:, None], other=0.)  # [16, 16], strictly lower
+        b_Tb = tl.where(o_c[:, None] == o_c[None, :], 1., 0.).to(tl.float32)
+        for r in range(1, 16):
+            m_r = o_c == r
+            b_m = tl.sum(tl.where(m_r[:, None], b_Mb, 0.), axis=0)  # [16]: row r of M
+            b_Tb += tl.where(m_r[:, None], tl.sum(b_m[:, None] * b_Tb, axis=0)[None, :], 0.)
+        tl.store(p_blk, b_Tb.to(tm.dtype.element_ty), mask=m_c[:, None])
+    tl.debug_barrier()
+    b_T = tl.load(p_tm, mask=m_t[:, None] & m_d, other=0.)  # D^-1 [BT, BT]
     if BT > 16:
         b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=ACC_PRECISION)
         b_T += tl.dot(b_X, b_T, input_precision=ACC_PRECISION)
         if BT > 32:
             b_X = tl.dot(b_X, b_X, input_precision=ACC_PRECISION)
             b_T += tl.dot(b_X, b_T, input_precision=ACC_PRECISION)
-    tl.store(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
+    tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_w = tl.dot(b_T, b_c.to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BK]
+        b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_c.to(tl.float32)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BK]
         tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        b_u0 = tl.dot(b_T, b_b, input_precision=ACC_PRECISION)
+        b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
 
 
@@ -105,11 +116,11 @@ def scan_delta_none_after_float32_state_kernel(
         m_tv = m_t[:, None] & m_v[None, :]
         tl.store(h + ((c0 + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_h.to(h.dtype.element_ty), mask=m_kv)
         b_w = tl.load(w + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_u = tl.load(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
-        b_u += tl.dot(b_w, b_h, input_precision=ACC_PRECISION)
+        b_u = tl.load(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
+        b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(u + (t[:, None] * H + i_h) * V + o_v[None, :], b_u.to(u.dtype.element_ty), mask=m_tv)
         b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_h += tl.dot(tl.trans(b_a.to(tl.float32)), b_u, input_precision=ACC_PRECISION)
+        b_h += tl.dot((tl.trans(b_a.to(tl.float32))).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     if STORE_HT:
         tl.store(ht + (i_n.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_h.to(ht.dtype.element_ty), mask=m_kv)
 
@@ -201,7 +212,7 @@ def scan_delta_none_after_float32_bwd_dv_kernel(
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        b_du = tl.dot(tl.trans(b_A), b_do, input_precision=ACC_PRECISION)
+        b_du = tl.dot((tl.trans(b_A)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(du + (t[:, None] * H + i_h) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
 
 
@@ -247,10 +258,10 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
         b_w = tl.load(w + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
         b_du = tl.load(du + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
-        b_du += tl.dot(b_a.to(tl.float32), b_dh, input_precision=ACC_PRECISION)
+        b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_dh).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(du + (t[:, None] * H + i_h) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
-        b_dh += tl.dot(tl.trans(b_q.to(tl.float32)), b_do, input_precision=ACC_PRECISION)
-        b_dh += tl.dot(tl.trans(b_w), b_du, input_precision=ACC_PRECISION)
+        b_dh += tl.dot((tl.trans(b_q.to(tl.float32))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_dh += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     tl.store(dh0 + (i_n.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_dh.to(dh0.dtype.element_ty), mask=m_kv)
 
 
@@ -306,25 +317,25 @@ def scan_delta_none_after_float32_bwd_grad_kernel(
         b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
         b_du = tl.load(du + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
         b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)
-        b_dR = tl.dot(tl.trans(b_T), b_du, input_precision=ACC_PRECISION)  # [BT, BV]: db
+        b_dR = tl.dot((tl.trans(b_T)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]: db
         if i_k == 0:
             tl.store(db + (t[:, None] * H + i_h) * V + o_v[None, :], b_dR.to(db.dtype.element_ty), mask=m_tv)
-        b_dq += tl.dot(b_do, tl.trans(b_h), input_precision=ACC_PRECISION)
-        b_dA += tl.dot(b_do, tl.trans(b_u), input_precision=ACC_PRECISION)
-        b_dc += tl.dot(b_dR, tl.trans(b_h), input_precision=ACC_PRECISION)
-        b_dM += tl.dot(b_dR, tl.trans(b_u), input_precision=ACC_PRECISION)
-        b_da += tl.dot(b_u, tl.trans(b_dhe), input_precision=ACC_PRECISION)
+        b_dq += tl.dot((b_do).to(a.dtype.element_ty), (tl.trans(b_h)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_dA += tl.dot((b_do).to(a.dtype.element_ty), (tl.trans(b_u)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_dc += tl.dot((b_dR).to(a.dtype.element_ty), (tl.trans(b_h)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_dM += tl.dot((b_dR).to(a.dtype.element_ty), (tl.trans(b_u)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_da += tl.dot((b_u).to(a.dtype.element_ty), (tl.trans(b_dhe)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_dq = b_dq.to(tl.float32)
     b_dc = b_dc.to(tl.float32)
     b_da = b_da.to(tl.float32)
     m_r = o_t[:, None] >= o_t[None, :]
     m_s = o_t[:, None] > o_t[None, :]
     b_dw = tl.where(m_r, b_dA, 0.)
-    b_dq += tl.dot(b_dw, b_a.to(tl.float32), input_precision=ACC_PRECISION)
-    b_da += tl.dot(tl.trans(b_dw), b_q.to(tl.float32), input_precision=ACC_PRECISION)
+    b_dq += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+    b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_q).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_dw = tl.where(m_s, b_dM, 0.)
-    b_dc += tl.dot(b_dw, b_a.to(tl.float32), input_precision=ACC_PRECISION)
-    b_da += tl.dot(tl.trans(b_dw), b_c.to(tl.float32), input_precision=ACC_PRECISION)
+    b_dc += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+    b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_c).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
     p_k = (t[:, None] * H + i_h) * K + o_k[None, :]
