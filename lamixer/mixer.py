@@ -10,6 +10,7 @@ import torch
 from .call import BACKENDS, bind
 from .compiler import Compiled, compile_spec
 from .errors import ArgumentError
+from .runtime.call import check_flags, pick_backend, results
 
 SPEC_SUFFIX = ".lam"
 
@@ -53,20 +54,13 @@ class Mixer:
     def __call__(self, *tensors, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
                  backend: str = "auto", **named):  # fmt: skip
         """o, final_state = mixer(q, k, v, ...). final_state is None unless output_final_state; a tuple for several states."""
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise ArgumentError("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if not isinstance(output_final_state, bool):
-            raise ArgumentError("output_final_state", f"must be True or False, got {output_final_state!r}")
+        check_flags(backend, BACKENDS, output_final_state)
         compute = torch.float64 if backend == "interpret" else None
         call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
         if backend in ("auto", "triton"):
             from .backends import triton as triton_backend
 
-            missing = triton_backend.unsupported(self.compiled, call.sizes)
-            if backend == "triton" and missing:
-                raise ArgumentError("backend", f"{self.name} cannot run on Triton kernels: {'; '.join(missing)}")
-            if backend == "auto":
-                backend = "triton" if call.device.type == "cuda" and not missing else "torch"
+            backend = pick_backend(self.name, backend, call, triton_backend.unsupported(self.compiled, call.sizes))
         if backend == "interpret":
             from .backends import interpret as impl
         elif backend == "triton":
@@ -74,11 +68,7 @@ class Mixer:
         else:
             from .backends import torch as impl
         o, finals = impl.run(self.compiled, call)
-        o = o.to(call.out_dtype)
-        if not output_final_state:
-            return o, None
-        finals = [f.to(call.state_dtype) for f in finals]
-        return o, finals[0] if len(finals) == 1 else tuple(finals)
+        return results(call, o, finals, output_final_state)
 
 
 @functools.lru_cache(maxsize=256)
