@@ -1,41 +1,20 @@
-"""The generated code of specs, as files: what `lamixer compile` writes and generated/ keeps.
-
-Today that is every scan's rendered Triton kernels (exactly the source the triton backend runs),
-one file per kernel configuration in <out>/kernels/ (specs that classify alike share them), and
-per spec a README with its classification, plan and kernels. The standalone package (wrappers,
-torch fallback, layer) comes next.
-"""
+"""What `lamixer compile` writes: a standalone package per spec, or several sharing their runtime (lamixer/emit/package.py)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from .backends import triton as triton_backend
 from .compiler import Compiled
-from .explain import report
+from .emit.package import files
 
 
 def write(specs: list[Compiled], out_dir: str | Path) -> list[Path]:
-    """Write <out_dir>/kernels/*.py and <out_dir>/<spec>/README.md; return the files written."""
+    """Write the packages of `specs` into out_dir (one spec: standalone; several: sharing runtime/ and kernels/); return the files written."""
     root = Path(out_dir)
-    (root / "kernels").mkdir(parents=True, exist_ok=True)
-    written: dict[Path, str] = {}
-    for compiled in specs:
-        missing = triton_backend.unsupported(compiled)
-        configs = [] if missing else sorted({triton_backend.template_config(s) for s in compiled.classification.scans})
-        kernel_files = []
-        for decay, read in configs:
-            path = root / "kernels" / f"scan_additive_{decay}_{read}.py"
-            written[path] = triton_backend.render("scan_additive", decay=decay, read=read, acc="float32")
-            kernel_files.append(path.name)
-        readme = [f"# {compiled.name}: generated code", "", f"Compiled by lamixer from `{Path(compiled.filename).name}`.",
-                  "The classification and plan:", "", "```", *report(compiled), "```", ""]  # fmt: skip
-        if missing:
-            readme.append("No Triton kernels are generated for this spec yet (the torch backend runs it): " + "; ".join(missing) + ".")
-        else:
-            readme.append("Kernels (float32 accumulation; the backend renders float64 ones the same way for the CPU checks):")
-            readme += [f"- [`kernels/{name}`](../kernels/{name})" for name in kernel_files]
-        written[root / compiled.name / "README.md"] = "\n".join(readme) + "\n"
-    for path, text in written.items():
+    written = []
+    top = root.resolve().name if root.resolve().name.isidentifier() else "DIR"  # what the shared layout is imported as
+    for rel, text in files(specs, shared=len(specs) > 1, top=top).items():
+        path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    return list(written)
+        written.append(path)
+    return written

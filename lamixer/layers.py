@@ -20,6 +20,7 @@ from .errors import ArgumentError
 from .lower import HIDDEN, canonical_fn
 from .mixer import Mixer, load
 from .runtime import ops
+from .runtime.call import check_backend
 from .runtime.layer import (
     SHIFT,
     LayerBase,
@@ -101,9 +102,7 @@ class Layer(LayerBase):
         self.spec_name = self.mixer.name
         self.hidden_size = whole(hidden_size, "hidden_size", "hidden_size")
         self.num_heads = whole(num_heads, "num_heads", "num_heads")
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise ArgumentError("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        self.backend = backend
+        self.backend = check_backend(backend, BACKENDS)
         self.options = self._options(graph, options)
         self.sizes = self._sizes(graph)
         self.spec_key = f"{self.mixer.name}:{self.mixer.compiled.source_hash}"

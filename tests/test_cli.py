@@ -83,11 +83,18 @@ def test_memory_floor_counts_inputs_and_outputs_once():
     assert abs(fwd - 1e3 * (ins + out) / 1e9) < 1e-12 and abs(fb - 1e3 * 2 * (ins + out) / 1e9) < 1e-12
 
 
-def test_compile_writes_the_kernels_and_a_readme(tmp_path):
-    code, out = run("compile", "rwkv6", "deltanet", "-o", str(tmp_path))
+def test_compile_writes_packages(tmp_path):
+    code, out = run("compile", "rwkv6", "deltanet", "-o", str(tmp_path / "shared"))  # several: runtime and kernels shared
     assert code == 0, out
-    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == ["scan_additive_key_before.py"]
-    assert "kernels/scan_additive_key_before.py" in (tmp_path / "rwkv6" / "README.md").read_text()
-    assert "No Triton kernels" in (tmp_path / "deltanet" / "README.md").read_text()
+    shared = tmp_path / "shared"
+    assert sorted(p.name for p in (shared / "kernels").iterdir()) == ["__init__.py", "host.py", "scan_additive_key_before.py"]
+    assert {"__init__.py", "runtime", "rwkv6", "deltanet"} <= {p.name for p in shared.iterdir()}
+    assert "`scan_additive_key_before.py`" in (shared / "rwkv6" / "README.md").read_text()
+    assert "Every call runs on the torch fallback" in (shared / "deltanet" / "README.md").read_text()
+    assert not (shared / "deltanet" / "scans.py").exists()
+    code, out = run("compile", "gla", "-o", str(tmp_path / "one"))  # one: standalone
+    assert code == 0, out
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["gla"]
+    assert {"runtime", "kernels", "scans.py", "mixer.py", "layer.py"} <= {p.name for p in (tmp_path / "one" / "gla").iterdir()}
     code, out = run("compile", "-o", str(tmp_path))
     assert code != 0 and "--all" in out

@@ -58,10 +58,15 @@ def _shape(dims) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
-def check_flags(backend, backends: tuple[str, ...], output_final_state) -> None:
-    """The call's backend name and output_final_state flag, checked before anything else."""
+def check_backend(backend, backends: tuple[str, ...]) -> str:
     if not isinstance(backend, str) or backend not in backends:
         raise ArgumentError("backend", f"must be one of {', '.join(backends)}, got {backend!r}")
+    return backend
+
+
+def check_flags(backend, backends: tuple[str, ...], output_final_state) -> None:
+    """The call's backend name and output_final_state flag, checked before anything else."""
+    check_backend(backend, backends)
     if not isinstance(output_final_state, bool):
         raise ArgumentError("output_final_state", f"must be True or False, got {output_final_state!r}")
 

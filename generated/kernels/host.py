@@ -1,0 +1,279 @@
+"""The host side of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
+
+Copied by lamixer compile, unchanged, from lamixer/backends/triton.py and lamixer/autotune.py:
+SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, additive_scan, additive_scan_backward,
+_setup_context, _backward, _acc_precision, _launch, _segment_suffix_sums, _decay_grad, triton_cdiv,
+triton_scan, Config, _pow2, default_config.
+Only `kernels`, `scan_config` and NAMESPACE are this file's own: the kernels are the modules beside
+it, every call takes the default configuration, and the custom ops are registered under this
+module's import name.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..runtime.scan import ScanOperands
+
+NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
+
+
+def kernels(family: str, decay: str, read: str, acc: str):
+    """The rendered kernel module of one configuration: scan_additive_<decay>_<read>.py beside this file (float32 only)."""
+    if acc != "float32":
+        raise ValueError(f"these kernels accumulate in float32, not {acc}")
+    module = importlib.import_module(f".{family}_{decay}_{read}", __package__)
+    module.NAME = f"{family}_{decay}_{read}_{acc}"
+    return module
+
+
+def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
+    """The kernels' default configuration (lamixer's tuned ones live in lamixer's cache, not here)."""
+    return default_config(decay, K, V)
+
+
+SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
+
+
+_ACC = {torch.float32: "float32", torch.float64: "float64"}  # state and accumulator precision
+
+
+MAX_HEAD_DIM = 256  # a whole key (or value) row of the state sits in one program's registers
+
+
+def _read_mode(decayed: bool, written: bool) -> str:
+    return "after" if written else ("mid" if decayed else "before")
+
+
+def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, int]]:
+    """(batch row, start, end) of each sequence."""
+    if cu is None:
+        return [(b, 0, T) for b in range(B)]
+    offs = cu.tolist()
+    return [(0, s, e) for s, e in zip(offs[:-1], offs[1:])]
+
+
+@torch.library.custom_op(f"{NAMESPACE}::additive_scan", mutates_args=())
+def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+                  h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on rendered kernels: (o, final state).
+
+    qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
+    mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
+    c = Config.from_list(cfg)
+    varlen = cu_seqlens is not None
+    NS, hs = 1, None
+    if c.split:  # a state pass leaves the state at every segment end; the segments then run in parallel
+        NS = triton_cdiv(T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max()), SEGMENT)
+        hs = torch.empty(N, NS, H, K, V, dtype=h0.dtype, device=a.device)
+        getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H, 1)](
+            q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=c.BK, BV=_pow2(V), P=SEGMENT,
+            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, IS_VARLEN=varlen, PRECISION="ieee",
+            ACC_PRECISION="ieee", **_launch(c),
+        )  # fmt: skip
+    getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, c.BV), N * H, NS)](
+        q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=c.BV, P=SEGMENT,
+        USE_QS=qs is not None, USE_H0=True, STORE_HT=True, SPLIT=bool(c.split), IS_VARLEN=varlen, PRECISION="ieee", **_launch(c),
+    )  # fmt: skip
+    return o, ht
+
+
+@additive_scan.register_fake
+def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
+    B, T, H, K = a.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
+
+
+@torch.library.custom_op(f"{NAMESPACE}::additive_scan_backward", mutates_args=())
+def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
+                           cu_seqlens: torch.Tensor | None, ht: torch.Tensor, o: torch.Tensor | None, do: torch.Tensor, dht: torch.Tensor,
+                           decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dg, dh0) of additive_scan; dg is empty without a decay."""
+    mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    do = do.contiguous()
+    varlen = cu_seqlens is not None
+    acc = h0.dtype
+    longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    NS = triton_cdiv(longest, SEGMENT)
+    c = Config.from_list(cfg)
+    split = bool(c.split)
+    # the state at every segment end: for d(log decay), and as the starting points of a split walk
+    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if decay != "none" or split else None
+    dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
+    dq_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dq")
+    common = dict(H=H, K=K, V=V, BT=c.BT, P=SEGMENT, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(c))
+    if split:  # the state pass first, then every segment in parallel
+        dq_kernel[(triton_cdiv(K, c.BK), N * H, 1)](
+            q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
+            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, **common,
+        )  # fmt: skip
+    dq_kernel[(triton_cdiv(K, c.BK), N * H, NS if split else 1)](
+        q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
+        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=hs is not None and not split, SPLIT=split, **common,
+    )  # fmt: skip
+    BV = c.BV
+    NV = triton_cdiv(V, BV)
+    da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
+    # a value-dim decay's whole-segment term is over V, each value block writing its own columns
+    dgs = torch.empty(*((1, N, NS, H, V) if decay == "value" else (NV, N, NS, H, K)), dtype=acc, device=a.device) if decay != "none" else None
+    db = torch.empty_like(b)
+    dh0 = torch.empty_like(h0)
+    dht = dht.contiguous()
+    dab_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dab")
+    dhs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if split else None
+    strides = (B * T * H * K, N * NS * H * K)
+    if split:  # the reverse state pass: dS at every segment end
+        dab_kernel[(NV, N * H, 1)](
+            q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
+            USE_QS=qs is not None, USE_DHT=True, STORE_DH0=False, SPLIT=False, COMPUTE_DAB=False, STORE_DHS=True, **common,
+        )  # fmt: skip
+    dab_kernel[(NV, N * H, NS if split else 1)](
+        q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
+        USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, SPLIT=split, COMPUTE_DAB=True, STORE_DHS=False, **common,
+    )  # fmt: skip
+    da = da.sum(0)
+    if g is None:
+        dg = q.new_empty(0)
+    elif decay == "value":  # the output and b carry the decay on the value side: o * do - b * db
+        dg = _decay_grad(o, do, b, db, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
+    else:
+        dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
+    return dq.to(q.dtype), da.to(a.dtype), db, dg, dh0
+
+
+@additive_scan_backward.register_fake
+def _(q, qs, a, b, g, h0, cu_seqlens, ht, o, do, dht, decay, read, cfg):
+    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
+
+
+def _setup_context(ctx, inputs, output):
+    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
+    o = output[0] if decay == "value" else None  # a value-dim decay's gradient reads the output
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1], o)
+    ctx.config = (decay, read, cfg)
+
+
+def _backward(ctx, do, dht):
+    q, qs, a, b, g, h0, cu_seqlens, ht, o = ctx.saved_tensors
+    dq, da, db, dg, dh0 = additive_scan_backward(q, qs, a, b, g, h0, cu_seqlens, ht, o, do, dht, *ctx.config)
+    return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
+
+
+additive_scan.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _acc_precision(acc: torch.dtype) -> str:
+    return "ieee" if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1" else "tf32x3"
+
+
+def _launch(c: Config) -> dict:
+    return dict(num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
+    """Suffix sums along time within each segment of SEGMENT tokens (segments restart at every sequence)."""
+    def within(y):  # y: [B, L, H, D]
+        B, L = y.shape[:2]
+        pad = (-L) % SEGMENT
+        y = torch.nn.functional.pad(y, (0, 0, 0, 0, 0, pad)).reshape(B, -1, SEGMENT, *y.shape[2:])
+        return y.flip(2).cumsum(2).flip(2).reshape(B, -1, *y.shape[3:])[:, :L]
+
+    if cu is None:
+        return within(x)
+    return torch.cat([within(x[:, s:e]) for _, s, e in _segments(cu, 1, x.shape[1])], 1)
+
+
+def _decay_grad(q, dq, a, da, dgs, cu, read, decay) -> torch.Tensor:
+    """d(log decay) of each token: within its segment of SEGMENT tokens, the suffix sum of q*dq (at the read's
+    position) - a*da, plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs
+    [N, NS, H, D]). For a value-dim decay pass (o, do, b, db) for (q, dq, a, da).
+
+    Summing only within segments keeps the rounding of dq and da from accumulating over the sequence.
+    """
+    acc = dgs.dtype
+    qdq = q.to(acc) * dq.to(acc)
+    B, T = q.shape[:2]
+    pos = torch.arange(T, device=q.device)
+    if cu is not None:
+        starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
+        pos = pos - starts
+    if read == "before":  # the read at i sees the decay through i - 1, of its own segment only
+        shifted = torch.cat([qdq[:, 1:], torch.zeros_like(qdq[:, :1])], 1)
+        keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=q.device)])
+        qdq = shifted * keep.view(1, T, 1, 1)
+    x = _segment_suffix_sums(qdq - a.to(acc) * da.to(acc), cu)
+    seg = (pos // SEGMENT).view(1, T)
+    if cu is None:
+        x = x + dgs.gather(1, seg.expand(B, T).view(B, T, 1, 1).expand(B, T, *dgs.shape[2:]))
+    else:
+        seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), cu[1:] - cu[:-1])
+        x = x + dgs[seq, seg[0]].unsqueeze(0)
+    return x.sum(-1, keepdim=True)[..., 0] if decay == "scalar" else x
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The scan on generated kernels: q, a, b contiguous [B, T, H, D] in `dtype` (the caller's tensors
+    pass through untouched when they already are); decay and state in float32 (float64 when the inputs are)."""
+    ((q, decayed, written),) = ops.reads
+    (qs,) = ops.query_factors
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if ops.g is None:
+        decay, g = "none", None
+    elif ops.side == "value":
+        decay, g = "value", ops.g.contiguous()
+    elif ops.g.shape[-1] == 1:
+        decay, g = "scalar", ops.g[..., 0].contiguous()
+    else:
+        decay, g = "key", ops.g.contiguous()
+    a, b, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, q))
+    h0 = ops.h0.to(acc).contiguous()
+    qs = qs.to(acc).contiguous() if qs is not None else None
+    read = _read_mode(decayed, written)
+    config = scan_config(decay, read, _ACC[acc], dtype, a.shape[0], a.shape[1], a.shape[2], a.shape[3], b.shape[3], a.device)
+    o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+    return [o], ht
+
+
+@dataclass(frozen=True)
+class Config:
+    BT: int  # chunk length (divides the 64-token segment of d(log decay))
+    BV: int  # value block of the forward and the reverse scan
+    BK: int  # key block of the dq scan
+    num_warps: int
+    num_stages: int
+    split: int = 0  # 1: each walk runs a state pass, then every 64-token segment in parallel
+
+    def as_list(self) -> list[int]:
+        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split]
+
+    @staticmethod
+    def from_list(values) -> Config:
+        return Config(*(int(v) for v in values))
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    """The next power of two at least n and lo (Triton block shapes are powers of two, dots at least 16)."""
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
+
+
+def default_config(decay: str, K: int, V: int) -> Config:
+    # a per-dim decay holds [BT, BT, K] weights in registers: short chunks, more warps
+    if decay in ("key", "value"):
+        return Config(16, min(64, _pow2(V)), min(64, _pow2(K)), 8, 1)
+    return Config(64, min(64, _pow2(V)), min(64, _pow2(K)), 4, 1)

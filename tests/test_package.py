@@ -1,0 +1,210 @@
+"""lamixer compile: every shipped spec as a Python package that runs without lamixer.
+
+Each spec is compiled on its own (a standalone package) and, once more, all together (the shared
+layout generated/ uses). One subprocess, where importing lamixer or a compile-time dependency raises
+(tests/package_worker.py), imports them: each mixer runs the random float64 calls the interpreter
+runs here (outputs, final states, every gradient; packed sequences too), each Layer is built from
+the same seed as lamixer.Layer, loads its state dict and runs the same inputs, and GLA runs on its
+Triton kernels (under TRITON_INTERPRET=1 on the CPU).
+"""
+import itertools
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import lamixer
+from lamixer.check import random_call, rel_rms
+from lamixer.emit import source
+from lamixer.emit.package import package_name
+from lamixer.generate import write
+from lamixer.runtime import ops
+
+SPECS = lamixer.shipped_specs()
+WORKER = Path(__file__).resolve().parent / "package_worker.py"
+SMALL = {"gated_deltanet": {"head_dim": 8}, "gsa": {"M": 4}, "mamba2": {"d_state": 4}, "gla": {"gate_rank": 4}, "rwkv6": {"decay_rank": 4, "mix_rank": 4}}
+CALLS = {"T=24": (None, None), "packed 5+19, scale 0.3": ([0, 5, 24], 0.3)}
+TRITON_SPEC = "gla"
+
+
+def _interpret_case(m, seed: int, cu, scale, dtype=torch.float64):
+    tensors, states = random_call(m, B=2, T=24, seed=seed, cu_seqlens=cu, dtype=dtype)
+    if not m.compiled.graph.uses_scale:
+        scale = None
+    gen = torch.Generator().manual_seed(seed + 1)
+    B, T = (1, cu[-1]) if cu else (2, 24)
+    sizes = {d: int(next(t for op, t in zip(m.compiled.graph.operands, tensors.values()) if d in op.dims).shape[-1]) for d in m.compiled.graph.dims}
+    out = m.compiled.graph.dims_of(m.compiled.graph.output)
+    do = torch.randn(B, T, 2, *[sizes[d] for d in out], generator=gen, dtype=torch.float64)
+    dfinals = [torch.randn(s.shape, generator=gen, dtype=torch.float64) for s in states]
+    return {"tensors": tensors, "states": list(states), "cu_seqlens": None if cu is None else torch.tensor(cu), "scale": scale, "do": do,
+            "dfinals": dfinals}  # fmt: skip
+
+
+def _reference(m, case, backend="interpret"):
+    leaves = {k: v.clone().requires_grad_() for k, v in case["tensors"].items()}
+    h0 = [s.clone().requires_grad_() for s in case["states"]]
+    o, finals = m(**leaves, initial_state=h0[0] if len(h0) == 1 else tuple(h0), output_final_state=True, cu_seqlens=case["cu_seqlens"],
+                  scale=case["scale"], backend=backend)  # fmt: skip
+    finals = list(finals) if isinstance(finals, tuple) else [finals]
+    loss = (o.double() * case["do"]).sum() + sum((f.double() * d).sum() for f, d in zip(finals, case["dfinals"]))
+    return {"o": o, "finals": finals, "grads": list(torch.autograd.grad(loss, [*leaves.values(), *h0], allow_unused=True))}
+
+
+def _errors(got, ref) -> dict[str, float]:
+    errors = {"o": rel_rms(got["o"], ref["o"])}
+    errors.update({f"final {i}": rel_rms(a, b) for i, (a, b) in enumerate(zip(got["finals"], ref["finals"]))})
+    errors.update({f"grad {i}": rel_rms(a, b) for i, (a, b) in enumerate(zip(got["grads"], ref["grads"]))})
+    return errors
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Compile, run everything in one blocked subprocess; return (the references, the results).
+
+    Both sides run on one thread: on a loaded machine torch's thread pool makes these tiny calls (float64
+    depthwise convolutions above all) hundreds of times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _run(tmp_path_factory)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compiled")
+    standalone, shared = root / "standalone", root / "shared" / "mixers"
+    for name in SPECS:
+        write([lamixer.load(name).compiled], standalone)  # `lamixer compile NAME -o standalone`
+    write([lamixer.load(name).compiled for name in SPECS], shared)  # `lamixer compile --all -o shared/mixers`
+    mixers, layers, refs = {}, {}, {}
+    for i, name in enumerate(SPECS):
+        m, pkg = lamixer.load(name), package_name(name)
+        for j, (label, (cu, scale)) in enumerate(CALLS.items()):
+            case = _interpret_case(m, 10 * i + j, cu, scale)
+            refs[name, label] = _reference(m, case)
+            for layout, module in (("standalone", pkg), ("shared", f"mixers.{pkg}")):
+                mixers[f"{name}|{label}|{layout}"] = {**case, "module": module, "function": name, "backend": "torch"}
+        torch.manual_seed(0)
+        layer = lamixer.Layer(name, 16, 2, **SMALL.get(name, {})).double()
+        gen = torch.Generator().manual_seed(i)
+        x, x_packed, x_t = (torch.randn(*shape, generator=gen, dtype=torch.float64) for shape in ((2, 9, 16), (1, 12, 16), (2, 16)))
+        cu = torch.tensor([0, 5, 12])
+        ref = {"y": layer(x), "y_packed": layer(x_packed, cu_seqlens=cu)}
+        if layer.stateful:
+            ref["y_step"] = layer.step(x_t, layer(x, return_state=True)[1])[0]
+        refs[name, "layer"] = {k: v.detach() for k, v in ref.items()}
+        layers[name] = {"module": pkg, "options": SMALL.get(name, {}), "state_dict": layer.state_dict(), "x": x, "x_packed": x_packed,
+                        "x_t": x_t, "cu_seqlens": cu}  # fmt: skip
+    # the Triton path: float32 kernels (the interpreter on the CPU), against lamixer's triton backend and the interpreter
+    m = lamixer.load(TRITON_SPEC)
+    case = _interpret_case(m, 99, None, None, dtype=torch.float32)
+    refs[TRITON_SPEC, "triton"] = _reference(m, case, "triton")
+    refs[TRITON_SPEC, "triton interpret"] = _reference(m, case)
+    mixers["triton"] = {**case, "module": TRITON_SPEC, "function": TRITON_SPEC, "backend": "triton"}
+
+    cases_file, results_file = root / "cases.pt", root / "results.pt"
+    torch.save({"path": [str(standalone), str(shared.parent)], "mixers": mixers, "layers": layers}, cases_file)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-W", "error::SyntaxWarning", str(WORKER), str(cases_file), str(results_file)],
+                          capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    print(f"worker {time.time() - start:.1f}s")
+    return refs, torch.load(results_file, weights_only=True)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_mixer_matches_the_interpreter(run, name):
+    refs, results = run
+    for label in CALLS:
+        got = results["mixers"][f"{name}|{label}|standalone"]
+        errors = _errors(got, refs[name, label])
+        assert max(errors.values()) < 1e-12, (label, errors)
+        shared = results["mixers"][f"{name}|{label}|shared"]  # the same code, imported from the shared layout
+        assert all(torch.equal(a, b) for a, b in zip([got["o"], *got["finals"]], [shared["o"], *shared["finals"]])), label
+        assert got["kernels"] == [], "the torch fallback loaded Triton kernels"
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_layer_matches_lamixer_layer(run, name):
+    refs, results = run
+    got, ref = results["layers"][name], refs[name, "layer"]
+    assert got["same_init"], "one seed should give lamixer.Layer's parameters, under its names and in its order"
+    assert sorted(got) == sorted(["same_init", *ref])
+    for key in ref:
+        assert rel_rms(got[key], ref[key]) < 1e-13, key
+
+
+def test_triton_path_runs_the_kernels(run):
+    refs, results = run
+    got = results["mixers"]["triton"]
+    assert got["kernels"] == [f"{TRITON_SPEC}.kernels.scan_additive_key_after"]
+    same = _errors(got, refs[TRITON_SPEC, "triton"])  # the same kernels as lamixer's triton backend
+    assert same["o"] == 0 and same["final 0"] == 0 and max(same.values()) < 1e-5, same
+    interp = _errors(got, refs[TRITON_SPEC, "triton interpret"])  # float32 against the float64 interpreter
+    assert max(interp.values()) < 1e-4, interp
+
+
+def test_static_align_is_ops_align():
+    dims = ("K", "V", "M")
+    x = {d: n for d, n in zip(dims, (2, 3, 4))}
+    for n in range(4):
+        for want in itertools.permutations(dims, n):
+            for k in range(len(want) + 1):
+                for have in itertools.permutations(want, k):
+                    if [d for d in want if d in have] != list(have) and len(have) > 2:
+                        continue
+                    t = torch.randn(5, 1, 3, *[x[d] for d in have])
+                    got = eval(source.align("t", have, want), {"t": t})  # the emitted expression
+                    assert torch.equal(got, ops.align(t, have, want)), (have, want)
+
+
+AWKWARD = '''mixer import "a title with a back\\\\slash and \\\\N"
+dims K, B
+input torch[K], call[K], lambda[B], scan[K] in (-inf, 0)
+param dtype[H, K]
+state F[K, B]
+
+F = exp(scan) * F + outer(call * dtype, lambda)
+let T = max(torch, 0.5 * torch)
+out ops = scale * T @ F
+
+layer
+  option self = 1, nn = 2
+  size K = hidden * self / H, B = nn * 4
+  proj torch, call, lambda, scan
+  map scan = logsigmoid(scan)
+  param dtype = normal(0, 0.1)
+'''
+
+
+def test_names_python_or_the_generated_code_use_are_renamed(tmp_path):
+    """Identifiers from a spec that are keywords, builtins or names the generated code uses still compile and run."""
+    m = lamixer.loads(AWKWARD, "awkward.lam")
+    write([m.compiled], tmp_path)
+    assert (tmp_path / "import_" / "mixer.py").is_file()
+    sys.path.insert(0, str(tmp_path))
+    try:
+        pkg = __import__("import_")
+        tensors, states = random_call(m, seed=3)
+        o, final = pkg.import_(*tensors.values(), initial_state=states[0], output_final_state=True)
+        ref, ref_final = m(**tensors, initial_state=states[0], output_final_state=True, backend="interpret")
+        assert rel_rms(o, ref) < 1e-12 and rel_rms(final, ref_final) < 1e-12
+        torch.manual_seed(0)
+        a = lamixer.Layer(m, 16, 2).double()
+        torch.manual_seed(0)
+        b = pkg.Layer(16, 2).double()
+        x = torch.randn(2, 5, 16, dtype=torch.float64)
+        assert torch.equal(a(x), b(x))
+        with pytest.raises(pkg.ArgumentError, match="argument 'lambda'"):
+            pkg.import_(*[x[..., 0] if k == "lambda" else x for k, x in tensors.items()])
+    finally:
+        sys.path.remove(str(tmp_path))
+        for key in [k for k in sys.modules if k == "import_" or k.startswith("import_.")]:
+            del sys.modules[key]
