@@ -7,8 +7,11 @@ runs here (outputs, final states, every gradient; packed sequences too), each La
 the same seed as lamixer.Layer, loads its state dict and runs the same inputs, and GLA runs on its
 Triton kernels (under TRITON_INTERPRET=1 on the CPU).
 """
+import contextlib
+import importlib.util
 import itertools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -16,10 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fuzz import mutated_spec, typed_spec
 
 import lamixer
 from lamixer.check import random_call, rel_rms
 from lamixer.emit import source
+from lamixer.emit.mixer import MODULE_NAMES
 from lamixer.emit.package import package_name
 from lamixer.generate import write
 from lamixer.runtime import ops
@@ -62,18 +69,23 @@ def _errors(got, ref) -> dict[str, float]:
     return errors
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """Compile, run everything in one blocked subprocess; return (the references, the results).
-
-    Both sides run on one thread: on a loaded machine torch's thread pool makes these tiny calls (float64
-    depthwise convolutions above all) hundreds of times slower."""
+@contextlib.contextmanager
+def one_thread():
+    """On a loaded machine torch's thread pool makes these tiny calls (float64 depthwise convolutions above all)
+    hundreds of times slower than one thread does."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(tmp_path_factory)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Compile, run everything in one blocked subprocess (one thread on both sides); return (the references, the results)."""
+    with one_thread():
+        return _run(tmp_path_factory)
 
 
 def _run(tmp_path_factory):
@@ -208,3 +220,96 @@ def test_names_python_or_the_generated_code_use_are_renamed(tmp_path):
         sys.path.remove(str(tmp_path))
         for key in [k for k in sys.modules if k == "import_" or k.startswith("import_.")]:
             del sys.modules[key]
+
+
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "0")) // 10 or 60, derandomize=True, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])  # fmt: skip
+
+
+@contextlib.contextmanager
+def compiled_package(mixer, root: Path):
+    """`lamixer compile` of mixer into root, imported under a name of its own (then forgotten)."""
+    write([mixer.compiled], root)
+    name = f"fuzzed_{root.name}"
+    spec = importlib.util.spec_from_file_location(name, root / package_name(mixer.name) / "__init__.py")
+    pkg = importlib.util.module_from_spec(spec)
+    sys.modules[name] = pkg
+    try:
+        spec.loader.exec_module(pkg)
+        yield pkg
+    finally:
+        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
+            del sys.modules[key]
+
+
+@FUZZ
+@given(typed_spec(), st.booleans())
+def test_random_typed_mixers_compile_to_packages_that_agree(tmp_path_factory, text, packed):
+    """The fuzzer's typed random mixers (tests/test_fuzz.py): each that compiles becomes a package whose mixer computes
+    what lamixer's torch backend computes (NaN where it gives NaN), or refuses the call as it does."""
+    try:
+        mixer = lamixer.loads(text, "typed.lam")
+    except lamixer.SpecError:
+        return
+    with compiled_package(mixer, tmp_path_factory.mktemp("typed")) as pkg:
+        _agree(mixer, getattr(pkg, mixer.name), pkg.ArgumentError, packed)
+
+
+@FUZZ
+@given(mutated_spec())
+def test_mutated_shipped_specs_compile_to_packages_that_agree(tmp_path_factory, text):
+    """Mutations of the shipped specs (tests/test_fuzz.py), layer sections included: each that compiles becomes a package
+    whose mixer agrees with the torch backend and whose Layer, from the same seed, has lamixer.Layer's parameters and output
+    (or refuses the sizes as it does)."""
+    try:
+        mixer = lamixer.loads(text, "mutated.lam")
+    except lamixer.SpecError:
+        return
+    with compiled_package(mixer, tmp_path_factory.mktemp("mutated")) as pkg:
+        _agree(mixer, getattr(pkg, src_name(mixer)), pkg.ArgumentError, False)
+        if mixer.compiled.graph.layer is None:
+            return
+        with one_thread():
+            layers = []
+            for make in (lambda: lamixer.Layer(mixer, 16, 2), lambda: pkg.Layer(16, 2)):
+                torch.manual_seed(0)
+                try:
+                    layers.append(make().double())
+                except (lamixer.ArgumentError, pkg.ArgumentError) as e:
+                    layers.append(str(e))
+            a, b = layers
+            if isinstance(a, str) or isinstance(b, str):
+                assert a == b
+                return
+            assert list(a.state_dict()) == list(b.state_dict()) and all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+            x = torch.randn(1, 5, 16, dtype=torch.float64)
+            try:
+                want = a(x)
+            except lamixer.ArgumentError as e:  # the mixer may refuse its default scale for these sizes
+                with pytest.raises(pkg.ArgumentError, match=re.escape(str(e))):
+                    b(x)
+                return
+            assert torch.allclose(b(x), want, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def src_name(mixer) -> str:
+    """The mixer function's name in its package."""
+    return source.Names(MODULE_NAMES).claim(mixer.name)
+
+
+def _agree(mixer, fn, error, packed) -> None:
+    with one_thread():
+        cu = [0, 2, 6] if packed else None
+        tensors, states = random_call(mixer, B=1, T=6, H=2, size=3, cu_seqlens=cu)
+        kwargs = dict(initial_state=states[0] if len(states) == 1 else states, output_final_state=True,
+                      cu_seqlens=None if cu is None else torch.tensor(cu))  # fmt: skip
+        try:
+            want = mixer(**tensors, backend="torch", **kwargs)
+        except lamixer.ArgumentError as e:
+            with pytest.raises(error) as info:
+                fn(*tensors.values(), backend="torch", **kwargs)
+            assert str(info.value) == str(e)
+            return
+        got = fn(*tensors.values(), backend="torch", **kwargs)
+        for a, b in zip([got[0], *(got[1] if isinstance(got[1], tuple) else [got[1]])], [want[0], *(want[1] if isinstance(want[1], tuple) else [want[1]])]):
+            assert a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-12, atol=1e-12, equal_nan=True)

@@ -28,9 +28,17 @@ _TRITON = ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments", "additi
 _AUTOTUNE = ("Config", "_pow2", "default_config")
 
 
+def unsupported(compiled: Compiled) -> list[str]:
+    """Why the templates cannot run a spec's scans (empty when they can): the triton backend's reasons, and a scan
+    nothing reads (its final state only), which the backend's check lets through but no template configuration fits."""
+    reasons = triton_backend.unsupported(compiled)
+    return reasons + [f"state {s.state}: a scan without reads (final state only) has no Triton template yet"
+                      for s in compiled.classification.scans if not s.reads]  # fmt: skip
+
+
 def configs(compiled: Compiled) -> list[tuple[str, str]]:
     """The (decay, read) kernel configurations a spec's scans run on (empty when the templates cannot run it)."""
-    if triton_backend.unsupported(compiled):
+    if unsupported(compiled):
         return []
     return sorted({triton_backend.template_config(s) for s in compiled.classification.scans})
 

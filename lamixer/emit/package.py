@@ -58,7 +58,7 @@ def files(specs: list[Compiled], shared: bool, top: str = "DIR") -> dict[str, st
         configs = kernels_mod.configs(c)
         all_configs.update(configs)
         function = src.Names(mixer_mod.MODULE_NAMES).claim(c.name)
-        missing = kernels_mod.triton_backend.unsupported(c)
+        missing = kernels_mod.unsupported(c)
         out[f"{pkg}/__init__.py"] = _init(c, function, up)
         out[f"{pkg}/mixer.py"] = mixer_mod.module(c, up + "runtime", missing)
         if c.graph.layer is not None:
