@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -123,11 +122,9 @@ def _run(tmp_path_factory):
     cases_file, results_file = root / "cases.pt", root / "results.pt"
     torch.save({"path": [str(standalone), str(shared.parent)], "mixers": mixers, "layers": layers}, cases_file)
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    start = time.time()
     proc = subprocess.run([sys.executable, "-W", "error::SyntaxWarning", str(WORKER), str(cases_file), str(results_file)],
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    print(f"worker {time.time() - start:.1f}s")
     return refs, torch.load(results_file, weights_only=True)
 
 
@@ -313,3 +310,33 @@ def _agree(mixer, fn, error, packed) -> None:
         got = fn(*tensors.values(), backend="torch", **kwargs)
         for a, b in zip([got[0], *(got[1] if isinstance(got[1], tuple) else [got[1]])], [want[0], *(want[1] if isinstance(want[1], tuple) else [want[1]])]):
             assert a.shape == b.shape and a.dtype == b.dtype and torch.allclose(a, b, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+NUMBERS = """mixer numbers
+dims K, V
+input q[K], k[K], v[V], g[K] in (-inf, 0), s[]
+state S[K, V]
+S = exp(g) * S + outer(k * s, v)
+out o = scale * q @ S
+layer
+  option a = 2, lo = 0.5
+  size K = hidden / H, V = hidden / H
+  proj q, k, v
+  map g = max(-exp(q), -2) * lo + (a * 3 - 7)
+  map s = 1
+"""
+
+
+def test_layer_numbers_combine_as_lamixer_combines_them(tmp_path):
+    """Numbers in a layer section (options, literals, the two combined) keep the layer's dtype, as in lamixer.Layer:
+    a number meeting a number is a 0-d float64 tensor, which never promotes a float32 projection."""
+    mixer = lamixer.loads(NUMBERS, "numbers.lam")
+    with compiled_package(mixer, tmp_path) as pkg, one_thread():
+        for dtype in (torch.float32, torch.float64):
+            torch.manual_seed(0)
+            a = lamixer.Layer(mixer, 16, 2).to(dtype)
+            torch.manual_seed(0)
+            b = pkg.Layer(16, 2).to(dtype)
+            x = torch.randn(2, 5, 16, dtype=dtype)
+            y = b(x)
+            assert y.dtype == dtype and torch.equal(y, a(x))

@@ -24,51 +24,55 @@ MODULE_NAMES = ("SPEC_KEY", "BACKENDS", "Layer", "LayerBase", "torch", "F", "nn"
 
 
 class _Expr:
-    """Spells layer-section expressions (lamixer.layers._evaluate written out)."""
+    """Spells layer-section expressions (lamixer.layers._evaluate written out).
 
-    def __init__(self, m: Module, env: dict[str, tuple[str, tuple[str, ...], bool]], shape: str = ""):
+    A value is (code, dims, kind); kind "number" is a Python number, "0d" a 0-d float64 tensor (two numbers
+    combined, as lamixer.Layer combines them), "tensor" anything else. Numbers and 0-d tensors are never
+    aligned: they broadcast as they are and take the other operand's dtype."""
+
+    def __init__(self, m: Module, env: dict[str, tuple[str, tuple[str, ...], str]], shape: str = ""):
         self.m = m
-        self.env = env  # name -> (code, dims, is a number)
+        self.env = env  # name -> (code, dims, kind)
         self.shape = shape  # the shape random draws take (a param's)
 
-    def wrap(self, code: str, number: bool) -> str:
-        return self.m.uses(f"torch.tensor({code}, dtype=torch.float64)") if number else code
+    def wrap(self, code: str, kind: str) -> tuple[str, str]:
+        """A Python number as a 0-d float64 tensor (anything else as it is)."""
+        return (self.m.uses(f"torch.tensor({_bare(code)}, dtype=torch.float64)"), "0d") if kind == "number" else (code, kind)
 
-    def __call__(self, e: S.Expr) -> tuple[str, tuple[str, ...], bool]:
+    def __call__(self, e: S.Expr) -> tuple[str, tuple[str, ...], str]:
         if isinstance(e, S.Num):
-            return src.number(e.value), (), True
+            return src.number(e.value), (), "number"
         if isinstance(e, S.Name):
             return self.env[e.id]
         if isinstance(e, S.Neg):
             if isinstance(e.operand, S.Num):
-                return src.number(-e.operand.value), (), True
-            code, dims, number = self(e.operand)
-            return f"(-{code})", dims, number
+                return src.number(-e.operand.value), (), "number"
+            code, dims, kind = self(e.operand)
+            return f"(-{code})", dims, kind
         if isinstance(e, S.BinOp):
             return self.binary(e.op, self(e.left), self(e.right))
         if e.fn in ("uniform", "log_uniform", "normal"):
-            lo, hi = (self(a) for a in e.args)
-            bounds = ", ".join(_bare(c) if number and isinstance(a, (S.Num, S.Neg)) else f"float({_bare(c)})" for a, (c, _, number) in zip(e.args, (lo, hi)))
-            return f"draw({src.text(e.fn)}, {bounds}, {self.shape})", (), False
+            bounds = [self(a) for a in e.args]
+            text = ", ".join(_bare(c) if isinstance(a, (S.Num, S.Neg)) and kind == "number" else f"float({_bare(c)})" for a, (c, _, kind) in zip(e.args, bounds))
+            return f"draw({src.text(e.fn)}, {text}, {self.shape})", (), "tensor"
         args = [self(a) for a in e.args]
         if len(args) == 2:
             return self.binary(e.fn, *args)
-        (code, dims, number), fn = args[0], canonical_fn(e.fn)
-        x = _bare(self.wrap(code, number))
-        return (f"inv_softplus({x})" if fn == "inv_softplus" else self.m.uses(src.unary(fn, x))), dims, False
+        (code, dims, kind), fn = args[0], canonical_fn(e.fn)
+        x, kind = self.wrap(code, kind)
+        return (f"inv_softplus({_bare(x)})" if fn == "inv_softplus" else self.m.uses(src.unary(fn, _bare(x)))), dims, kind
 
     def binary(self, fn: str, a, b):
-        (x, dx, nx), (y, dy, ny) = a, b
+        (x, dx, kx), (y, dy, ky) = a, b
         want = dy if set(dx) <= set(dy) else dx
-        if (nx and ny) or fn in ("max", "min"):  # two numbers combine as float64 tensors; maximum and minimum take tensors
-            x = self.wrap(x, nx)
-            nx = False
+        if kx == ky == "number" or fn in ("max", "min"):  # two numbers combine as float64 tensors; maximum and minimum take tensors
+            x, kx = self.wrap(x, kx)
         if fn in ("max", "min"):
-            y = self.wrap(y, ny)
-        x = x if nx else src.align(x, dx, want)
-        y = y if ny else src.align(y, dy, want)
+            y, ky = self.wrap(y, ky)
+        x = src.align(x, dx, want) if kx == "tensor" else x
+        y = src.align(y, dy, want) if ky == "tensor" else y
         code = self.m.uses(src.binary(fn, x, y))
-        return (code if code.endswith(")") and not code.startswith("(") and " " not in code.split("(")[0] else f"({code})"), want, False
+        return (f"({code})" if src.is_operator(fn) else code), want, "tensor" if "tensor" in (kx, ky) else "0d"
 
 
 def module(compiled: Compiled, runtime: str, mixer_function: str) -> str:
@@ -106,8 +110,8 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
         else:
             body.append(f"{local} = option({src.text(name)}, {local})")
     body.append(f"self.options = {{{', '.join(f'{src.text(n)}: {local}' for n, local in options.items())}}}")
-    numbers = {n: (local, (), True) for n, local in options.items()}
-    size_expr = _Expr(m, {**numbers, HIDDEN: (hidden, (), True), "H": (H, (), True)})
+    numbers = {n: (local, (), "number") for n, local in options.items()}
+    size_expr = _Expr(m, {**numbers, HIDDEN: (hidden, (), "number"), "H": (H, (), "number")})
     for d in g.dims:
         if d in info.sizes:
             code = size_expr(info.sizes[d])[0]
@@ -154,7 +158,7 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
         for name, p in info.params.items():
             shape = ([H] if p.per_head else []) + [dims[d] for d in p.dims]
             shape_code = f"({', '.join(shape)}{',' if len(shape) == 1 else ''})"
-            code = _Expr(m, {**numbers, **{d: (dims[d], (), True) for d in g.dims}}, shape_code)(p.init)[0]
+            code = _Expr(m, {**numbers, **{d: (dims[d], (), "number") for d in g.dims}}, shape_code)(p.init)[0]
             for fn in ("draw", "inv_softplus"):
                 if f"{fn}(" in code:
                     m.use(runtime + ".layer", fn)
@@ -277,16 +281,18 @@ def _mix(compiled: Compiled, m: Module, runtime: str, mixer_function: str) -> li
         else:
             y = f"{y}.reshape({', '.join([B, T, H, *shape])})"
         body.append(f"{local} = {y}  # {src.shape(('B', 'T', 'H'), p.dims)}")
-    env = {n: (f"self.options[{src.text(n)}]", (), True) for n in [*info.options, *(d for d, n in g.dims.items() if n is not None)]}
-    env.update({d: (dims[d], (), True) for d in g.dims})
-    env.update({n: (f"self.params[{src.text(n)}]", p.dims, False) for n, p in info.params.items() if not p.of_mixer})
-    env.update({p.name: (inputs[p.name], p.dims, False) for p in info.projs})
+    env = {n: (f"self.options[{src.text(n)}]", (), "number") for n in [*info.options, *(d for d, n in g.dims.items() if n is not None)]}
+    env.update({d: (dims[d], (), "number") for d in g.dims})
+    env.update({n: (f"self.params[{src.text(n)}]", p.dims, "tensor") for n, p in info.params.items() if not p.of_mixer})
+    env.update({p.name: (inputs[p.name], p.dims, "tensor") for p in info.projs})
     expr = _Expr(m, env)
     for mp in info.maps:
-        code, have, _ = expr(mp.value)
-        code = src.align(code if code.startswith("(") or code.isidentifier() else f"({code})", have, mp.dims)
+        code, kind = expr.wrap(*expr(mp.value)[::2])
+        code = code if code.startswith("(") or code.isidentifier() or kind == "0d" else f"({code})"
+        have = expr(mp.value)[1] if kind == "tensor" else ()  # a 0-d value gains every dim, as ops.align gives it
+        code = src.align(code, have, mp.dims)
         body.append(f"{inputs[mp.name]} = {code}.expand({', '.join([B, T, H, *(dims[d] for d in mp.dims)])})  # {src.shape(('B', 'T', 'H'), mp.dims)}")
-        env[mp.name] = (inputs[mp.name], mp.dims, False)
+        env[mp.name] = (inputs[mp.name], mp.dims, "tensor")
     if info.rotary:
         pos = names.claim("pos")
         m.use(runtime + ".layer", "positions")

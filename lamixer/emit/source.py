@@ -79,6 +79,11 @@ def unary(fn: str, x: str) -> str:
     return f"{function(ops.UNARY[fn], fn)}({x})"
 
 
+def is_operator(fn: str) -> bool:
+    """Whether generated code writes the binary primitive fn as a Python operator."""
+    return ops.BINARY[fn] in _OPERATORS
+
+
 def binary(fn: str, a: str, b: str) -> str:
     f = ops.BINARY[fn]
     if f in _OPERATORS:
