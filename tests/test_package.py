@@ -176,18 +176,18 @@ def test_static_align_is_ops_align():
 
 AWKWARD = '''mixer import "a title with a back\\\\slash and \\\\N"
 dims K, B
-input torch[K], call[K], lambda[B], scan[K] in (-inf, 0)
+input torch[K], call[K], lambda[B], scan[K] in (-inf, 0), id[]
 param dtype[H, K]
 state F[K, B]
 
-F = exp(scan) * F + outer(call * dtype, lambda)
+F = exp(scan) * F + outer(call * dtype * id, lambda)
 let T = max(torch, 0.5 * torch)
 out ops = scale * T @ F
 
 layer
   option self = 1, nn = 2
   size K = hidden * self / H, B = nn * 4
-  proj torch, call, lambda, scan
+  proj torch, call, lambda, scan, id
   map scan = logsigmoid(scan)
   param dtype = normal(0, 0.1)
 '''
@@ -202,7 +202,8 @@ def test_names_python_or_the_generated_code_use_are_renamed(tmp_path):
     try:
         pkg = __import__("import_")
         tensors, states = random_call(m, seed=3)
-        o, final = pkg.import_(*tensors.values(), initial_state=states[0], output_final_state=True)
+        args = [tensors[n] for n in ("torch", "call", "lambda", "scan")]  # `lambda` only by position; builtins' names by keyword
+        o, final = pkg.import_(*args, id=tensors["id"], dtype=tensors["dtype"], initial_state=states[0], output_final_state=True)
         ref, ref_final = m(**tensors, initial_state=states[0], output_final_state=True, backend="interpret")
         assert rel_rms(o, ref) < 1e-12 and rel_rms(final, ref_final) < 1e-12
         torch.manual_seed(0)

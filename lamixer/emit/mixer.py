@@ -24,7 +24,9 @@ _NUMBERS = ("const", "dim", "scale")
 CALL_ARGUMENTS = ("scale", "initial_state", "output_final_state", "cu_seqlens", "backend")
 # module-level names of a mixer module, which no spec name may take
 MODULE_NAMES = ("SIGNATURE", "BACKENDS", "TRITON_MISSING", "forward", "default_scale", "torch", "F", "ops", "Operand", "Signature", "bind",
-                "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "torch_scan", "scans")  # fmt: skip
+                "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "torch_scan", "scans",
+                # and what the package's __init__ exports beside the mixer, or its submodules
+                "Layer", "LayerState", "ArgumentError", "LamixerError", "mixer", "layer", "runtime", "kernels")  # fmt: skip
 
 
 class _Value:
@@ -277,7 +279,7 @@ is its kernel plan written out: the per-token work one line per node, each scan 
     for name in ("Operand", "Signature", "bind", "check_flags", "pick_backend", "results"):
         m.use(runtime + ".call", name)
     m.use(runtime + ".scan", "torch_scan")
-    params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan"))
+    params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan"), builtin_names=False)  # the call's body calls no builtin
     args = {op.name: params.claim(op.name) for op in g.operands}
     operands = "".join(f"\n        Operand({src.text(op.name)}, {src.text(op.kind)}, {src.names(op.dims)}, {op.per_head}),"
                        for op in g.operands)  # fmt: skip

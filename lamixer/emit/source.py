@@ -25,14 +25,15 @@ _OPERATORS = {torch.add: "+", torch.sub: "-", torch.mul: "*", torch.div: "/", to
 class Names:
     """Identifiers of one generated scope: a wanted name is kept unless Python or the scope already uses it."""
 
-    def __init__(self, reserved=()):
-        self.taken = set(keyword.kwlist) | set(dir(builtins)) | set(reserved)
+    def __init__(self, reserved=(), builtin_names: bool = True):
+        """reserved: names the scope's own code uses; builtin_names: whether that code calls builtins (float, ...)."""
+        self.taken = set(keyword.kwlist) | (set(dir(builtins)) if builtin_names else set()) | set(reserved)
 
     def claim(self, want: str) -> str:
         if not want.isidentifier():
             raise ValueError(f"not an identifier: {want!r}")
         name = want
-        while name in self.taken or keyword.iskeyword(name) or keyword.issoftkeyword(name):
+        while name in self.taken:
             name += "_"
         self.taken.add(name)
         return name
