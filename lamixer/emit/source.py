@@ -12,6 +12,7 @@ import builtins
 import json
 import keyword
 import math
+from pathlib import PurePath
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +49,11 @@ def number(x: float) -> str:
         return 'float("inf")' if x > 0 else '(-float("inf"))'
     text = repr(x)
     return f"({text})" if text.startswith("-") else text
+
+
+def spec_file(compiled) -> str:
+    """The file a compiled spec came from, by name (a shipped spec's `gla.lam`), for docstrings and READMEs."""
+    return doc(PurePath(compiled.filename).name)
 
 
 def text(s: str) -> str:
