@@ -23,15 +23,21 @@ CACHE_VERSION = 1
 
 @dataclass(frozen=True)
 class Config:
-    BT: int  # chunk length (divides the 64-token segment of d(log decay))
-    BV: int  # value block of the forward and the reverse scan
-    BK: int  # key block of the dq scan
+    """A launch configuration. chunk_additive (decay none, scalar or along the key dim) uses BT, BV (value
+    block of the chunk-parallel kernels), BW (value block of the two sequential state walks), num_warps
+    (of the chunk-parallel kernels) and num_stages; scan_additive (decay along the value dim) uses BT, BV
+    (forward and reverse walks), BK (key block of its dq walk), num_warps, num_stages and split."""
+
+    BT: int  # chunk length (divides the 64-token segment of scan_additive's d(log decay))
+    BV: int
+    BK: int
     num_warps: int
     num_stages: int
-    split: int = 0  # 1: each walk runs a state pass, then every 64-token segment in parallel
+    split: int = 0  # scan_additive: 1 = each walk runs a state pass, then every 64-token segment in parallel
+    BW: int = 32  # chunk_additive: value block of the state walks
 
     def as_list(self) -> list[int]:
-        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split]
+        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split, self.BW]
 
     @staticmethod
     def from_list(values) -> Config:
@@ -44,16 +50,26 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 
 def default_config(decay: str, K: int, V: int) -> Config:
-    # a per-dim decay holds [BT, BT, K] weights in registers: short chunks, more warps
-    if decay in ("key", "value"):
+    if decay == "value":  # scan_additive holds [BT, BT, V] weights in registers: short chunks, more warps
         return Config(16, min(64, _pow2(V)), min(64, _pow2(K)), 8, 1)
-    return Config(64, min(64, _pow2(V)), min(64, _pow2(K)), 4, 1)
+    # chunk_additive: a whole key row per program; a decay along the key dim adds 16-row strips of work
+    return Config(64, min(64, _pow2(V)), _pow2(K), 8 if decay == "key" or K > 128 else 4, 2, 0, min(32, _pow2(V)))
 
 
 def candidates(decay: str, K: int, V: int) -> list[Config]:
-    """The search space: chunk length, blocks, warps and pipeline stages, default first."""
+    """The search space, default first: for chunk_additive the chunk-parallel kernels' value block and warps,
+    the walks' value block and pipeline stages; for scan_additive chunk length, blocks, warps, stages, split."""
     out = [default_config(decay, K, V)]
-    for BT in ((16, 32) if decay in ("key", "value") else (32, 64)):
+    if decay != "value":
+        for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
+            for warps in (4, 8):
+                for BW in sorted({min(16, _pow2(V)), min(32, _pow2(V)), min(64, _pow2(V))}):
+                    for stages in (1, 2, 3):
+                        c = Config(64, BV, _pow2(K), warps, stages, 0, BW)
+                        if c not in out:
+                            out.append(c)
+        return out
+    for BT in (16, 32):
         for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
             for BK in sorted({min(32, _pow2(K)), min(64, _pow2(K))}):
                 for warps in (4, 8):

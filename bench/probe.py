@@ -1,0 +1,123 @@
+"""Where the time goes: time chosen kernel configurations of specs and list each launch's GPU time.
+
+    python bench/probe.py --specs gla,simple_gla --configs "64,64,64,4,1,1;64,64,64,4,1,0" [--T 8192] [--fla]
+
+Each configuration (autotune.Config as BT,BV,BK,num_warps,num_stages,split) is first checked against
+the torch backend at a small shape (fp32), then timed at B*T = 32768, H = 16, D = 128, bf16 (forward
+and forward+backward), then profiled once (torch.profiler: GPU time per kernel name). With --fla the
+spec's FLA competitor is timed and profiled the same way. Writes $OUT (or bench/results)/probe.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+import lamixer
+from lamixer import bench
+from lamixer.autotune import Config
+from lamixer.backends import triton as tb
+from lamixer.check import random_call, rel_rms
+
+
+def kernel_times(fn, do) -> dict[str, float]:
+    """GPU microseconds per kernel name over one forward+backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn().backward(do)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn().backward(do)
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_time_total > 0:
+            out[e.key[:90]] = round(e.device_time_total, 1)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:14])
+
+
+def check(m, config) -> float:
+    tensors, states = random_call(m, B=2, T=300, H=4, size=64, dtype=torch.float32, device="cuda", seed=3)
+    states = tuple(s.float() for s in states)
+    tb.CONFIG_OVERRIDE = config
+    try:
+        got = _fb(m, tensors, states, "triton")
+    finally:
+        tb.CONFIG_OVERRIDE = None
+    ref = _fb(m, {k: v.double() for k, v in tensors.items()}, tuple(s.double() for s in states), "torch")
+    return max(rel_rms(a, b) for a, b in zip(got, ref))
+
+
+def _fb(m, tensors, states, backend):
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
+    h0 = tuple(s.detach().clone().requires_grad_() for s in states)
+    o, fin = m(**leaves, initial_state=h0 if len(h0) > 1 else h0[0], output_final_state=True, backend=backend)
+    fin = fin if isinstance(fin, tuple) else (fin,)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    loss = (o.double() * torch.randn(o.shape, generator=gen, device="cuda", dtype=torch.float64)).sum()
+    loss = loss + sum((f.double() * torch.randn(f.shape, generator=gen, device="cuda", dtype=torch.float64)).sum() for f in fin)
+    return [o, *fin, *torch.autograd.grad(loss, list(leaves.values()) + list(h0))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--specs", required=True)
+    ap.add_argument("--configs", default="", help="';'-separated BT,BV,BK,warps,stages,split (default: the spec's default)")
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--fla", action="store_true")
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds: skip what starts after this")
+    ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
+    args = ap.parse_args()
+    t_start = time.time()
+    T = args.T
+    B = bench.BT_TOTAL // T
+    rows = []
+    out = dict(device=torch.cuda.get_device_name(), T=T, B=B, rows=rows)
+    have_fla = args.fla and bench.fla_available()
+
+    def save():
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "probe.json"), "w") as f:
+            json.dump(out, f, indent=1)
+
+    for name in args.specs.split(","):
+        m = lamixer.load(name)
+        tensors, _ = random_call(m, B=B, T=T, H=bench.H, size=bench.D, dtype=torch.bfloat16, initial_state=False, device="cuda", distinct=False)
+        tensors = {k: v.requires_grad_() for k, v in tensors.items()}
+        do = torch.randn(B, T, bench.H, bench.D, device="cuda", dtype=torch.bfloat16)
+        configs = [Config.from_list(c.split(",")) for c in args.configs.split(";") if c] or [None]
+        for config in configs:
+            if time.time() - t_start > args.budget:
+                break
+            row = dict(spec=name, config=config.as_list() if config else "default")
+            try:
+                row["check"] = check(m, config)
+                tb.CONFIG_OVERRIDE = config
+                row.update(bench._time(name, lambda: m(**tensors, backend="triton")[0], do, {}))
+                row["kernels_us"] = kernel_times(lambda: m(**tensors, backend="triton")[0], do)
+            except Exception as e:
+                row["error"] = repr(e)[:300]
+            finally:
+                tb.CONFIG_OVERRIDE = None
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            save()
+        if have_fla and name in bench.COMPETITORS and time.time() - t_start < args.budget:
+            path, call = bench.COMPETITORS[name][:2]
+            fn = bench._import(path)
+            t0 = time.time()
+            row = bench._time("fla " + path, lambda: call(fn, tensors)[0], do, dict(spec=name))
+            row["first_call_s"] = round(time.time() - t0, 1)
+            if "error" not in row:
+                row["kernels_us"] = kernel_times(lambda: call(fn, tensors)[0], do)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            save()
+    save()
+
+
+if __name__ == "__main__":
+    main()
