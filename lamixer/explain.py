@@ -1,6 +1,8 @@
 """Human-readable summaries of a compiled spec: one row for `lamixer list`, a report for `explain`."""
 from __future__ import annotations
 
+import re
+
 from .compiler import Compiled
 
 
@@ -111,7 +113,10 @@ def _kernels(c: Compiled) -> list[str]:
     lines = ["triton kernels:"]
     for s in c.classification.scans:
         decay, read = triton_backend.template_config(s)
-        lines.append(f"  scan {s.state}: scan_additive_{decay}_{read}_float32_{{fwd_kernel, bwd_kernel_dq, bwd_kernel_dab}}")
+        name = f"{triton_backend.family(decay)}_{decay}_{read}_float32"
+        source = triton_backend.render(triton_backend.family(decay), decay=decay, read=read, acc="float32")
+        kernels = re.findall(rf"^def {name}_(\w+)\(", source, re.M)  # the rendered module's kernels, by name
+        lines.append(f"  scan {s.state}: {name}_{{{', '.join(kernels)}}}")
     return lines
 
 

@@ -48,7 +48,7 @@ def run_mixer(case: dict) -> dict:
     finals = list(finals) if isinstance(finals, tuple) else [finals]
     loss = (o.double() * case["do"]).sum() + sum((f.double() * d).sum() for f, d in zip(finals, case["dfinals"]))
     grads = torch.autograd.grad(loss, [*leaves.values(), *h0], allow_unused=True)
-    kernels = sorted(m for m in set(sys.modules) - before if ".kernels.scan_" in m)  # the kernel modules this call loaded
+    kernels = sorted(m for m in set(sys.modules) - before if ".kernels." in m and not m.endswith(".host"))  # the kernel modules this call loaded
     return {"o": o.detach(), "finals": [f.detach() for f in finals], "grads": list(grads), "kernels": kernels}
 
 

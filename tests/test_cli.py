@@ -87,9 +87,9 @@ def test_compile_writes_packages(tmp_path):
     code, out = run("compile", "rwkv6", "deltanet", "-o", str(tmp_path / "shared"))  # several: runtime and kernels shared
     assert code == 0, out
     shared = tmp_path / "shared"
-    assert sorted(p.name for p in (shared / "kernels").iterdir()) == ["__init__.py", "host.py", "scan_additive_key_before.py"]
+    assert sorted(p.name for p in (shared / "kernels").iterdir()) == ["__init__.py", "chunk_additive_key_before.py", "host.py"]
     assert {"__init__.py", "runtime", "rwkv6", "deltanet"} <= {p.name for p in shared.iterdir()}
-    assert "`scan_additive_key_before.py`" in (shared / "rwkv6" / "README.md").read_text()
+    assert "`chunk_additive_key_before.py`" in (shared / "rwkv6" / "README.md").read_text()
     assert "Every call runs on the torch fallback" in (shared / "deltanet" / "README.md").read_text()
     assert not (shared / "deltanet" / "scans.py").exists()
     code, out = run("compile", "gla", "-o", str(tmp_path / "one"))  # one: standalone

@@ -24,14 +24,12 @@ def test_generated_code_is_up_to_date(tmp_path):
         assert kept[name] == text, f"generated/{name} differs from the compiler's output; review and regenerate: {REGENERATE}"
 
 
-def test_each_kernel_file_defines_its_three_named_kernels():
-    files = list((GENERATED / "kernels").glob("scan_additive_*.py"))
-    assert len(files) == 5  # every configuration the shipped specs classify into, once
+def test_each_kernel_file_holds_only_named_kernels_of_its_configuration():
+    files = [p for p in (GENERATED / "kernels").glob("*.py") if p.name not in ("__init__.py", "host.py")]
+    assert len(files) == 5  # every configuration the shipped specs classify into, once (shared by the specs)
     for path in files:
-        tree = ast.parse(path.read_text())
-        names = {f.name for f in tree.body if isinstance(f, ast.FunctionDef)}
-        stem = path.stem + "_float32"
-        assert names == {f"{stem}_fwd_kernel", f"{stem}_bwd_kernel_dq", f"{stem}_bwd_kernel_dab"}, path
+        kernels = [f for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)]
+        assert len(kernels) >= 3 and all(f.name.startswith(path.stem + "_float32_") and f.decorator_list for f in kernels), path
 
 
 def test_the_shared_runtime_is_lamixers_own_verbatim():

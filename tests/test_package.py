@@ -25,6 +25,7 @@ from test_fuzz import mutated_spec, typed_spec
 import lamixer
 from lamixer.check import random_call, rel_rms
 from lamixer.emit import source
+from lamixer.emit.kernels import module_name
 from lamixer.emit.mixer import MODULE_NAMES
 from lamixer.emit.package import package_name
 from lamixer.generate import write
@@ -153,7 +154,7 @@ def test_layer_matches_lamixer_layer(run, name):
 def test_triton_path_runs_the_kernels(run):
     refs, results = run
     got = results["mixers"]["triton"]
-    assert got["kernels"] == [f"{TRITON_SPEC}.kernels.scan_additive_key_after"]
+    assert got["kernels"] == [f"{TRITON_SPEC}.kernels.{module_name('key', 'after')}"]
     same = _errors(got, refs[TRITON_SPEC, "triton"])  # the same kernels as lamixer's triton backend
     assert same["o"] == 0 and same["final 0"] == 0 and max(same.values()) < 1e-5, same
     interp = _errors(got, refs[TRITON_SPEC, "triton interpret"])  # float32 against the float64 interpreter

@@ -1,6 +1,6 @@
 """gla's scans on the generated Triton kernels: the package's one point of contact with them.
 
-The kernels (scan_additive_key_after in kernels/) are rendered from
+The kernels (chunk_additive_key_after in kernels/) are rendered from
 lamixer's templates for this spec's classification; their host code is kernels/host.py.
 """
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Copied by lamixer compile, unchanged, from lamixer/backends/triton.py and lamixer/autotune.py:
 SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, additive_scan, additive_scan_backward,
-_setup_context, _backward, _acc_precision, _launch, _segment_suffix_sums, _decay_grad, triton_cdiv,
-triton_scan, Config, _pow2, default_config.
+CHUNK_DECAYS, STRIP, _chunks, _snapshot_dtype, _precision, chunk_scan, chunk_scan_backward,
+_chunk_setup_context, _chunk_backward, _setup_context, _backward, _acc_precision, _launch,
+_segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan, Config, _pow2, default_config.
 Only `kernels`, `scan_config` and NAMESPACE are this file's own: the kernels are the modules beside
 it, every call takes the default configuration, and the custom ops are registered under this
 module's import name.
@@ -22,7 +23,7 @@ NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own
 
 
 def kernels(family: str, decay: str, read: str, acc: str):
-    """The rendered kernel module of one configuration: scan_additive_<decay>_<read>.py beside this file (float32 only)."""
+    """The rendered kernel module of one configuration: <family>_<decay>_<read>.py beside this file (float32 only)."""
     if acc != "float32":
         raise ValueError(f"these kernels accumulate in float32, not {acc}")
     module = importlib.import_module(f".{family}_{decay}_{read}", __package__)
@@ -158,6 +159,141 @@ def _(q, qs, a, b, g, h0, cu_seqlens, ht, o, do, dht, decay, read, cfg):
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
 
 
+CHUNK_DECAYS = ("none", "scalar", "key")  # rendered from chunk_additive; a value-dim decay from scan_additive
+
+
+STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key dim
+
+
+def _chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, BT: int) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+    """(number of chunks, chunk_indices [chunks, 2] = (sequence, chunk within it), chunk_offsets [N + 1] = each
+    sequence's first chunk); the two tensors only for packed sequences."""
+    if cu_seqlens is None:
+        return B * triton_cdiv(T, BT), None, None
+    n = (cu_seqlens[1:] - cu_seqlens[:-1] + BT - 1) // BT
+    offsets = torch.cat([n.new_zeros(1), n.cumsum(0)])
+    total = int(offsets[-1])
+    seq = torch.repeat_interleave(torch.arange(len(n), device=n.device), n, output_size=total)
+    within = torch.arange(total, device=n.device) - offsets[:-1][seq]
+    return total, torch.stack([seq, within], 1).to(torch.int32).contiguous(), offsets.to(torch.int32)
+
+
+def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype) -> torch.dtype:
+    """States kept per chunk for the parallel kernels: in the inputs' precision when it is a half type (their
+    dots read them in it anyway), else in the accumulator's."""
+    return x.dtype if x.dtype in (torch.bfloat16, torch.float16) else acc
+
+
+def _precision(x: torch.Tensor) -> str:
+    return "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_scan", mutates_args=())
+def chunk_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+               h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on chunk_additive's kernels.
+
+    Returns (o, final state, hs: the state entering each chunk, A: each chunk's scores under a decay along
+    the key dim, else empty); the last two are kept for the backward. cfg: an autotune.Config as a list."""
+    mod = kernels("chunk_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    c = Config.from_list(cfg)
+    NC, indices, offsets = _chunks(cu_seqlens, B, T, c.BT)
+    o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
+    hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype), device=b.device)
+    A = torch.empty(B, T, H, c.BT if decay == "key" else 0, dtype=h0.dtype, device=b.device)
+    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(a))
+    if N * H:
+        getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H)](
+            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages, **common)
+    if NC * H:
+        if decay == "key":
+            getattr(mod, f"{mod.NAME}_scores_fwd")[(1, NC, H)](
+                q, qs, a, g, A, cu_seqlens, indices, T, BC=STRIP, USE_QS=qs is not None, num_warps=c.num_warps, **common)
+        getattr(mod, f"{mod.NAME}_output_fwd")[(triton_cdiv(V, c.BV), NC, H)](
+            q, qs, a, b, g, A, hs, o, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
+            num_stages=c.num_stages, **common)  # fmt: skip
+    return o, ht, hs, A
+
+
+@chunk_scan.register_fake
+def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    BT = Config.from_list(cfg).BT
+    NC = B * triton_cdiv(T, BT) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
+    return (b.new_empty(B, T, H, V), h0.new_empty(N, H, K, V), a.new_empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype)),
+            h0.new_empty(B, T, H, BT if decay == "key" else 0))  # fmt: skip
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_scan_backward", mutates_args=())
+def chunk_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+                        h0: torch.Tensor, cu_seqlens: torch.Tensor | None, hs: torch.Tensor, A: torch.Tensor, do: torch.Tensor,
+                        dht: torch.Tensor, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dg, dh0) of chunk_scan; dg is empty without a decay."""
+    mod = kernels("chunk_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    c = Config.from_list(cfg)
+    acc = h0.dtype
+    NC, indices, offsets = _chunks(cu_seqlens, B, T, c.BT)
+    do, dht = do.contiguous(), dht.contiguous()
+    dhs = torch.empty_like(hs)
+    dh0 = torch.empty_like(h0)
+    dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
+    dg = torch.empty_like(g) if g is not None else q.new_empty(0)
+    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(a))
+    if N * H:
+        getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H)](
+            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=c.num_stages, **common)
+    if NC * H == 0:
+        return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0
+    grads = getattr(mod, f"{mod.NAME}_grads_bwd")
+    if decay == "key":  # dq, da through the states, dA and the chunk ends' term, then the strips
+        dq_part, da_part = torch.empty(B, T, H, K, dtype=acc, device=a.device), torch.empty(B, T, H, K, dtype=acc, device=a.device)
+        dA = torch.empty(B, T, H, c.BT, dtype=acc, device=a.device)
+        dgs = torch.empty(NC, H, K, dtype=acc, device=a.device)
+        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq_part, da_part, db, None, dA, dgs, cu_seqlens, indices, T,
+                          BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+        getattr(mod, f"{mod.NAME}_strips_bwd")[(1, NC, H)](
+            q, qs, a, g, dA, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, BC=STRIP, num_warps=c.num_warps, **common)
+    else:
+        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, None, None, cu_seqlens, indices, T,
+                          BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+    return dq, da, db, dg, dh0
+
+
+@chunk_scan_backward.register_fake
+def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg):
+    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
+
+
+def _chunk_setup_context(ctx, inputs, output):
+    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
+    ctx.mark_non_differentiable(output[2], output[3])
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[2], output[3])
+    ctx.config = (decay, read, cfg)
+
+
+def _chunk_backward(ctx, do, dht, _dhs, _dA):
+    q, qs, a, b, g, h0, cu_seqlens, hs, A = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=b.dtype, device=b.device)
+    if dht is None:
+        dht = torch.zeros_like(h0)
+    dq, da, db, dg, dh0 = chunk_scan_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
+    return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
+
+
+chunk_scan.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
+
+
 def _setup_context(ctx, inputs, output):
     q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
     o = output[0] if decay == "value" else None  # a value-dim decay's gradient reads the output
@@ -246,21 +382,30 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
     qs = qs.to(acc).contiguous() if qs is not None else None
     read = _read_mode(decayed, written)
     config = scan_config(decay, read, _ACC[acc], dtype, a.shape[0], a.shape[1], a.shape[2], a.shape[3], b.shape[3], a.device)
-    o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+    if decay in CHUNK_DECAYS:
+        o, ht, _, _ = chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+    else:
+        o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     return [o], ht
 
 
 @dataclass(frozen=True)
 class Config:
-    BT: int  # chunk length (divides the 64-token segment of d(log decay))
-    BV: int  # value block of the forward and the reverse scan
-    BK: int  # key block of the dq scan
+    """A launch configuration. chunk_additive (decay none, scalar or along the key dim) uses BT, BV (value
+    block of the chunk-parallel kernels), BW (value block of the two sequential state walks), num_warps
+    (of the chunk-parallel kernels) and num_stages; scan_additive (decay along the value dim) uses BT, BV
+    (forward and reverse walks), BK (key block of its dq walk), num_warps, num_stages and split."""
+
+    BT: int  # chunk length (divides the 64-token segment of scan_additive's d(log decay))
+    BV: int
+    BK: int
     num_warps: int
     num_stages: int
-    split: int = 0  # 1: each walk runs a state pass, then every 64-token segment in parallel
+    split: int = 0  # scan_additive: 1 = each walk runs a state pass, then every 64-token segment in parallel
+    BW: int = 32  # chunk_additive: value block of the state walks
 
     def as_list(self) -> list[int]:
-        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split]
+        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split, self.BW]
 
     @staticmethod
     def from_list(values) -> Config:
@@ -273,7 +418,7 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 
 def default_config(decay: str, K: int, V: int) -> Config:
-    # a per-dim decay holds [BT, BT, K] weights in registers: short chunks, more warps
-    if decay in ("key", "value"):
+    if decay == "value":  # scan_additive holds [BT, BT, V] weights in registers: short chunks, more warps
         return Config(16, min(64, _pow2(V)), min(64, _pow2(K)), 8, 1)
-    return Config(64, min(64, _pow2(V)), min(64, _pow2(K)), 4, 1)
+    # chunk_additive: a whole key row per program; a decay along the key dim adds 16-row strips of work
+    return Config(64, min(64, _pow2(V)), _pow2(K), 8 if decay == "key" or K > 128 else 4, 2, 0, min(32, _pow2(V)))

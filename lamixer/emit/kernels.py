@@ -6,26 +6,30 @@ copies the functions it needs from there (and the configuration from lamixer/aut
 unchanged, into <kernels>/host.py. Once a rendered module is self-contained, host.py goes away and
 `scans_module` calls the module's own entry point instead of host.triton_scan.
 
-The kernels are rendered exactly as the triton backend renders them, float32 accumulation only:
-a package runs float64 calls on its torch fallback.
+The kernels are rendered exactly as the triton backend renders them (chunk_additive or
+scan_additive, as triton.family picks for the decay), float32 accumulation only: a package runs
+float64 calls on its torch fallback.
 """
 from __future__ import annotations
 
 import ast
+import builtins
 import inspect
+import symtable
 
 from .. import autotune
 from ..backends import triton as triton_backend
 from ..compiler import Compiled
 from . import source as src
 
-FAMILY = "scan_additive"
 ACC = "float32"
 
-# what host.py copies, in file order: from lamixer/backends/triton.py, then lamixer/autotune.py
-_TRITON = ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments", "additive_scan", "additive_scan_backward", "_setup_context",
-           "_backward", "_acc_precision", "_launch", "_segment_suffix_sums", "_decay_grad", "triton_cdiv", "triton_scan")  # fmt: skip
+# what host.py copies (each in file order): from lamixer/backends/triton.py, then lamixer/autotune.py
+_TRITON = ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments", "additive_scan", "additive_scan_backward", "CHUNK_DECAYS", "STRIP",
+           "_chunks", "_snapshot_dtype", "_precision", "chunk_scan", "chunk_scan_backward", "_chunk_setup_context", "_chunk_backward",
+           "_setup_context", "_backward", "_acc_precision", "_launch", "_segment_suffix_sums", "_decay_grad", "triton_cdiv", "triton_scan")  # fmt: skip
 _AUTOTUNE = ("Config", "_pow2", "default_config")
+_CUSTOM_OPS = 4  # additive_scan, chunk_scan and their backwards
 
 
 def unsupported(compiled: Compiled) -> list[str]:
@@ -43,9 +47,14 @@ def configs(compiled: Compiled) -> list[tuple[str, str]]:
     return sorted({triton_backend.template_config(s) for s in compiled.classification.scans})
 
 
+def module_name(decay: str, read: str) -> str:
+    """The rendered module of one configuration: <family>_<decay>_<read>, the family the triton backend picks."""
+    return f"{triton_backend.family(decay)}_{decay}_{read}"
+
+
 def kernel_module(decay: str, read: str) -> tuple[str, str]:
     """(module name, source) of one rendered kernel configuration."""
-    return f"{FAMILY}_{decay}_{read}", triton_backend.render(FAMILY, decay=decay, read=read, acc=ACC)
+    return module_name(decay, read), triton_backend.render(triton_backend.family(decay), decay=decay, read=read, acc=ACC)
 
 
 def _copy(module, names: tuple[str, ...]) -> list[str]:
@@ -84,7 +93,7 @@ def host_source() -> str:
     copied = _copy(triton_backend, _TRITON) + _copy(autotune, _AUTOTUNE)
     for i, part in enumerate(copied):  # each copy registers its custom ops under its own module's name
         copied[i] = part.replace('custom_op("lamixer::', 'custom_op(f"{NAMESPACE}::')
-    if sum(part.count("{NAMESPACE}::") for part in copied) != 2:
+    if sum(part.count("{NAMESPACE}::") for part in copied) != _CUSTOM_OPS:
         raise RuntimeError("lamixer/backends/triton.py registers other custom ops now: re-point lamixer/emit/kernels.py")
     head = f'''"""The host side of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
@@ -108,7 +117,7 @@ NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own
 
 
 def kernels(family: str, decay: str, read: str, acc: str):
-    """The rendered kernel module of one configuration: {FAMILY}_<decay>_<read>.py beside this file ({ACC} only)."""
+    """The rendered kernel module of one configuration: <family>_<decay>_<read>.py beside this file ({ACC} only)."""
     if acc != {src.text(ACC)}:
         raise ValueError(f"these kernels accumulate in {ACC}, not {{acc}}")
     module = importlib.import_module(f".{{family}}_{{decay}}_{{read}}", __package__)
@@ -120,7 +129,31 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
     """The kernels' default configuration (lamixer's tuned ones live in lamixer's cache, not here)."""
     return default_config(decay, K, V)
 '''
-    return head + "\n\n" + "\n\n\n".join(copied) + "\n"
+    source = head + "\n\n" + "\n\n\n".join(copied) + "\n"
+    missing = _undefined(source)
+    if missing:
+        raise RuntimeError(f"the host code copied from lamixer/backends/triton.py uses {', '.join(missing)}, which it does not copy: "
+                           "re-point lamixer/emit/kernels.py, the compiled packages' Triton wiring")  # fmt: skip
+    return source
+
+
+def _undefined(source: str) -> list[str]:
+    """Global names the module's code reads but neither defines, imports nor finds among the builtins."""
+    top = symtable.symtable(source, "host.py", "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()} | set(dir(builtins))
+    used: set[str] = set()
+
+    def walk(table):
+        for sym in table.get_symbols():
+            if table.get_type() != "module" and sym.is_global() and sym.is_referenced():
+                used.add(sym.get_name())
+            elif table.get_type() == "module" and sym.is_referenced():
+                used.add(sym.get_name())
+        for child in table.get_children():
+            walk(child)
+
+    walk(top)
+    return sorted(used - defined)
 
 
 def _wrap(text: str, width: int = 100) -> str:
@@ -133,7 +166,7 @@ def scans_module(compiled: Compiled, runtime: str, kernels: str) -> str:
     """<package>/scans.py. kernels: the kernel package's module path from it (".kernels" or "..kernels")."""
     m = src.Module(f"""{src.doc(compiled.name)}'s scans on the generated Triton kernels: the package's one point of contact with them.
 
-The kernels ({", ".join(f"{FAMILY}_{d}_{r}" for d, r in configs(compiled))} in {kernels.lstrip(".")}/) are rendered from
+The kernels ({", ".join(module_name(d, r) for d, r in configs(compiled))} in {kernels.lstrip(".")}/) are rendered from
 lamixer's templates for this spec's classification; their host code is {kernels.lstrip(".")}/host.py.
 """, runtime)  # fmt: skip
     m.use("functools")

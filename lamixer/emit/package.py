@@ -168,7 +168,7 @@ def _readme(c: Compiled, pkg: str, function: str, configs, missing: list[str], s
     if missing:
         lines.append("Every call runs on the torch fallback: " + "; ".join(missing) + ".")
     else:
-        lines.append("On CUDA the scans run on the kernels in `" + where + "kernels/` (" + ", ".join(f"`{kernels_mod.FAMILY}_{d}_{r}.py`" for d, r in configs)
+        lines.append("On CUDA the scans run on the kernels in `" + where + "kernels/` (" + ", ".join(f"`{kernels_mod.module_name(d, r)}.py`" for d, r in configs)
                      + ", float32 accumulation); float64 calls and calls with a head dim above 256 run on the torch fallback.")  # fmt: skip
     lines += [
         "",
