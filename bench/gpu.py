@@ -2,7 +2,8 @@
 
     python bench/gpu.py [--specs a,b] [--skip-check] [--skip-time] [--Ts 2048,4096,8192,16384] [--fla]
 
-Check: fp32 and bf16 inputs, outputs, final states and every gradient against the float64
+Check: the recurrent kernel (inference) on every spec, fp32 and bf16, outputs and final states; then
+fp32 and bf16 inputs, outputs, final states and every gradient against the float64
 interpreter on the same GPU (relative RMS: fp32 < 1e-3, bf16 < 1e-2), strong and weak decays,
 odd lengths, initial states, packed sequences; at T = 16384 the reference is the float64 torch
 backend (itself checked against the interpreter to ~1e-13 in CI). A backward miscompiled by the
@@ -67,6 +68,24 @@ def check(names, rows, quick=False):
             print(rows[-1], flush=True)
 
 
+def check_recurrent(names, rows):
+    """The recurrent kernel (inference, no gradients) on every spec, the delta rule included: fp32 and bf16 inputs,
+    one token, a strongly gated prompt, packed sequences, against the float64 interpreter on the same GPU."""
+    from lamixer.check import compare_inference
+
+    cases = [(2, 1, 4, 128, "normal", None), (2, 63, 4, 64, "strong", None), (1, None, 4, 128, "weak", [0, 1, 17, 40])]
+    for name in names:
+        m = lamixer.load(name)
+        for dtype in (torch.float32, torch.bfloat16):
+            for B, T, H, size, gate, cu in cases:
+                tensors, states = random_call(m, B=B, T=T or 1, H=H, size=size, gate=gate, dtype=dtype, cu_seqlens=cu, device="cuda", seed=3)
+                states = tuple(s.float() for s in states)
+                c = compare_inference(m, "triton", tensors, states, cu_seqlens=cu)
+                rows.append(dict(kind="check", spec=name, kernel="recurrent", dtype=str(dtype)[6:], T=T or cu[-1], gate=gate,
+                                 varlen=cu is not None, worst=c.worst, worst_of=max(c.errors, key=c.errors.get), ok=c.worst < TOL[dtype]))  # fmt: skip
+                print(rows[-1], flush=True)
+
+
 def _fb(m, tensors, states, backend):
     leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
     h0 = tuple(s.detach().clone().requires_grad_() for s in states)
@@ -100,6 +119,7 @@ def main():
     print(res, flush=True)
     try:
         if not args.skip_check:
+            check_recurrent(args.specs.split(",") if args.specs else lamixer.shipped_specs(), res["rows"])
             check(names, res["rows"], args.quick)
         if args.autotune:
             from lamixer import autotune

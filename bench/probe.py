@@ -15,6 +15,7 @@ import os
 import time
 
 import torch
+from gpu import _fb  # bench/ is the script's folder: the same forward+backward the GPU check uses
 
 import lamixer
 from lamixer import bench
@@ -49,17 +50,6 @@ def check(m, config) -> float:
         tb.CONFIG_OVERRIDE = None
     ref = _fb(m, {k: v.double() for k, v in tensors.items()}, tuple(s.double() for s in states), "torch")
     return max(rel_rms(a, b) for a, b in zip(got, ref))
-
-
-def _fb(m, tensors, states, backend):
-    leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
-    h0 = tuple(s.detach().clone().requires_grad_() for s in states)
-    o, fin = m(**leaves, initial_state=h0 if len(h0) > 1 else h0[0], output_final_state=True, backend=backend)
-    fin = fin if isinstance(fin, tuple) else (fin,)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    loss = (o.double() * torch.randn(o.shape, generator=gen, device="cuda", dtype=torch.float64)).sum()
-    loss = loss + sum((f.double() * torch.randn(f.shape, generator=gen, device="cuda", dtype=torch.float64)).sum() for f in fin)
-    return [o, *fin, *torch.autograd.grad(loss, list(leaves.values()) + list(h0))]
 
 
 def main():

@@ -194,10 +194,11 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     reference = _fwd_bwd(mixer, {k: v.float() for k, v in tensors.items()}, states, "torch")
     tol = 1e-3 if dtype == torch.float32 else 1e-2
     scans = mixer.compiled.classification.scans
-    decay = tb.template_config(scans[0])[0]
+    family = tb.triton_delta if scans[0].rule == "delta" else tb  # each template family has its own search space
+    decay = family.template_config(scans[0])[0]
     K = size
     trials = []
-    for config in candidates(decay, K, size)[:limit]:
+    for config in (tb.triton_delta.candidates if family is not tb else candidates)(decay, K, size)[:limit]:
         tb.CONFIG_OVERRIDE = config
         try:
             got = _fwd_bwd(mixer, tensors, states, "triton")
@@ -223,12 +224,14 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     keys = []
     acc = "float32"
     for s in scans:
-        key = entry_key(device_name(torch.device(device)), tb.kernel_hash(*tb.template_config(s), acc), dtype,
+        family = tb.triton_delta if s.rule == "delta" else tb
+        key = entry_key(device_name(torch.device(device)), family.kernel_hash(*family.template_config(s), acc), dtype,
                         shape_bucket(B, T, H, K, size))  # fmt: skip
         if key not in keys:
             store(key, best.config, {describe(t.config): t.ms for t in timed})
             keys.append(key)
     tb._chosen.clear()
+    tb.triton_delta._chosen.clear()
     return trials, keys
 
 

@@ -1,12 +1,14 @@
 """Timing lamixer's Triton kernels against FLA and SDPA on a GPU, and against the memory floor.
 
 One run times forward and forward+backward at B*T = 32768, H = 16, D = 128 (bf16) for each length,
-peak memory, and the one-token decode step; ratios to FLA (when importable: an optional benchmark
-dependency, never a runtime one) and to the time to move the inputs and outputs once at the
-measured copy bandwidth. `lamixer bench` and bench/gpu.py use it.
+peak memory, and the one-token decode step (the mixer call and a layer's step, from Python and
+replayed from a CUDA graph, with the state's GB/s); ratios to FLA (when importable: an optional
+benchmark dependency, never a runtime one) and to the time to move the inputs and outputs (for
+decoding: the state) once at the measured copy bandwidth. `lamixer bench` and bench/gpu.py use it.
 """
 from __future__ import annotations
 
+import time
 import traceback
 
 import torch
@@ -124,22 +126,115 @@ def run(mixers: list[Mixer], Ts: list[int], vs: set[str], decode: bool = True, l
         torch.cuda.empty_cache()
     if decode:
         for m in mixers:
-            for B in (1, 64, 256):
-                tensors, states = random_call(m, B=B, T=1, H=H, size=D, dtype=torch.bfloat16, device="cuda", distinct=False)
-                h0 = tuple(s.float() for s in states)
-                state_floor_us = 1e6 * 2 * sum(s.numel() * 4 for s in h0) / bandwidth
-                with torch.no_grad():
-                    us = 1e3 * do_bench(lambda: m(**tensors, initial_state=h0 if len(h0) > 1 else h0[0], output_final_state=True, backend="triton"))
-                row = dict(op=f"lamixer {m.name} decode", B=B, us=round(us, 1), state_floor_us=round(state_floor_us, 1),
-                           vs_floor=round(us / state_floor_us, 1))  # fmt: skip
-                if have_fla and m.name in COMPETITORS:
-                    path, call = COMPETITORS[m.name][2:]
-                    fn = _import(path)
-                    with torch.no_grad():
-                        row["fla_us"] = round(1e3 * do_bench(lambda: call(fn, tensors, h0[0])), 1)
+            for row in decode_rows(m, bandwidth, have_fla):
                 rows.append(row)
                 log(row)
     return res
+
+
+# ---- decoding: one token per sequence, from Python and replayed from a CUDA graph ----
+DECODE_BATCHES = (1, 64, 256)
+
+
+def wall_us(fn, n: int = 200, sync=None) -> float:
+    """Wall-clock microseconds per call of fn called back to back from Python, as a decoding loop calls it:
+    the host's work and the device's overlap, so this is the larger of the two, launch overhead included
+    (triton's do_bench flushes the L2 cache between calls, which hides the host's share)."""
+    sync = sync or torch.cuda.synchronize
+    for _ in range(10):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph (after warm-up calls on a side stream, which also fill lamixer's per-signature
+    caches); returns the graph's replay, which reruns the captured kernels on the same tensors."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def decode_row(op: str, B: int, state_bytes: int, bandwidth: float, step, replay=None, wall=wall_us) -> dict:
+    """Timing of one decode step: us from Python (and graph_us replayed from a CUDA graph when given), with the
+    state's bytes read and written per microsecond (state_GBps) and the ratio to moving the state once each way
+    at the copy bandwidth (vs_floor)."""
+    floor_us = 1e6 * 2 * state_bytes / bandwidth
+    row = dict(op=op, B=B, state_MB=round(state_bytes / 2**20, 2), state_floor_us=round(floor_us, 2))
+    timings = [("", step)] + ([("graph_", replay)] if replay is not None else [])
+    for prefix, fn in timings:
+        us = wall(fn)
+        row[f"{prefix}us"] = round(us, 1)
+        row[f"{prefix}state_GBps"] = round(2 * state_bytes / us / 1e3, 1)
+        row[f"{prefix}vs_floor"] = round(us / floor_us, 2)
+    return row
+
+
+def _guarded(op: str, B: int, make) -> dict:
+    try:
+        return make()
+    except Exception as e:  # one failing configuration must not stop the run
+        traceback.print_exc()
+        return dict(op=op, B=B, error=repr(e)[:300])
+
+
+def decode_rows(m: Mixer, bandwidth: float, have_fla: bool = False) -> list[dict]:
+    """The one-token step of the mixer call (bf16 inputs, float32 states, H = 16, D = 128) and of a layer of the
+    spec (hidden = H * D), each from Python and as a CUDA-graph replay, at B = 1, 64, 256."""
+    from .layers import Layer
+
+    rows = []
+    for B in DECODE_BATCHES:
+        tensors, states = random_call(m, B=B, T=1, H=H, size=D, dtype=torch.bfloat16, device="cuda", distinct=False)
+        h0 = tuple(s.float() for s in states)
+        h0_arg = h0 if len(h0) > 1 else h0[0]
+
+        def step():
+            return m(**tensors, initial_state=h0_arg, output_final_state=True, backend="triton")
+
+        def mixer_row():
+            with torch.no_grad():
+                row = decode_row(f"lamixer {m.name} decode", B, sum(s.numel() * 4 for s in h0), bandwidth, step, graphed(step))
+                if have_fla and m.name in COMPETITORS:
+                    path, call = COMPETITORS[m.name][2:]
+                    fn = _import(path)
+                    row["fla_us"] = round(wall_us(lambda: call(fn, tensors, h0[0])), 1)
+            return row
+
+        rows.append(_guarded(f"lamixer {m.name} decode", B, mixer_row))
+        if m.compiled.graph.layer is not None:
+
+            def layer_row():
+                layer = Layer(m, H * D, H, backend="triton").to(device="cuda", dtype=torch.bfloat16)
+                x = torch.randn(B, H * D, device="cuda", dtype=torch.bfloat16)
+                with torch.no_grad():
+                    _, state = layer.step(x)
+                    state_bytes = sum(s.numel() * s.element_size() for s in state.mixer)
+
+                    def layer_step():
+                        return layer.step(x, state)
+
+                    return decode_row(f"lamixer {m.name} layer step", B, state_bytes, bandwidth, layer_step, graphed(layer_step))
+
+            if layer_row_ok(m):
+                rows.append(_guarded(f"lamixer {m.name} layer step", B, layer_row))
+    return rows
+
+
+def layer_row_ok(m: Mixer) -> bool:
+    """Whether the spec's layer decodes (whole-input statistics and block attention take no state)."""
+    return not any(d["op"] in ("stat", "block_attention") for d in m.compiled.plan.nodes.values())
 
 
 def plot(res: dict, path: str) -> None:

@@ -1,4 +1,4 @@
-"""Binding a call's arguments to a compiled mixer (the checks themselves are lamixer.runtime.call's)."""
+"""Binding a call's arguments to a compiled mixer (the checks and the per-signature cache are lamixer.runtime.call's)."""
 from __future__ import annotations
 
 import torch
@@ -7,9 +7,9 @@ from .compiler import Compiled
 from .errors import ArgumentError
 from .runtime import call as runtime_call
 from .runtime import ops
-from .runtime.call import Call, check_cu_seqlens
+from .runtime.call import Call, check_cu_seqlens, remember, signature
 
-__all__ = ["BACKENDS", "Call", "bind", "bind_operands", "check_cu_seqlens"]
+__all__ = ["BACKENDS", "Call", "bind", "bind_operands", "check_cu_seqlens", "remember", "signature"]
 
 BACKENDS = ("auto", "interpret", "torch", "triton")
 
@@ -33,9 +33,17 @@ def bind_operands(compiled: Compiled, args: tuple, kwargs: dict) -> dict:
 
 
 def bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu_seqlens, compute_dtype=None) -> Call:
+    """The validated call (every bad argument an ArgumentError naming it); a signature seen valid before skips
+    the metadata checks (lamixer.runtime.call; the bindings are kept in compiled.cache)."""
+    return runtime_call.bind(compiled.signature, compiled.cache, args, kwargs, scale, initial_state, cu_seqlens, compute_dtype,
+                             lambda: _bind(compiled, args, kwargs, scale, initial_state, cu_seqlens, compute_dtype))  # fmt: skip
+
+
+def _bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, cu_seqlens, compute_dtype=None) -> Call:
+    """Every check of a call."""
     tensors = bind_operands(compiled, args, kwargs)
-    return runtime_call.bind(compiled.signature, tensors, scale, initial_state, cu_seqlens, lambda sizes: _default_scale(compiled, sizes),
-                             compute_dtype)  # fmt: skip
+    return runtime_call.check(compiled.signature, tensors, scale, initial_state, cu_seqlens, lambda sizes: _default_scale(compiled, sizes),
+                              compute_dtype)  # fmt: skip
 
 
 def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:

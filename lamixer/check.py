@@ -101,3 +101,22 @@ def compare(mixer: Mixer, backend: str, tensors, states, cu_seqlens=None, scale=
     for name in ref[2]:
         errors[f"d{name}" if not name.startswith("h0") else f"d{name}"] = rel_rms(got[2][name], ref[2][name])
     return Comparison(errors)
+
+
+def compare_inference(mixer: Mixer, backend: str, tensors, states, cu_seqlens=None, scale=None) -> Comparison:
+    """Relative RMS errors of `backend` against the interpreter without gradients (output and final states):
+    on the Triton backend, sequences of at most 64 tokens run on the recurrent kernel."""
+    cu = torch.tensor(cu_seqlens, dtype=torch.int64) if cu_seqlens is not None else None
+
+    def run(backend, cu):
+        h0 = states[0] if states is not None and len(states) == 1 else states
+        with torch.no_grad():
+            o, finals = mixer(**tensors, initial_state=h0, output_final_state=True, cu_seqlens=cu, backend=backend, scale=scale)
+        return o, finals if isinstance(finals, tuple) else (finals,)
+
+    ref = run("interpret", cu)
+    got = run(backend, cu.to(next(iter(tensors.values())).device) if cu is not None else None)
+    errors = {"o": rel_rms(got[0], ref[0])}
+    for name, a, b in zip(mixer.states, got[1], ref[1]):
+        errors[f"state {name}"] = rel_rms(a, b)
+    return Comparison(errors)

@@ -67,6 +67,11 @@ CASES = [  # (label, T, gate, initial state, packed sequences)
     ("T=100 no state", 100, "normal", False, None),
     ("varlen 5+32+23", None, "normal", True, [0, 5, 37, 60]),
 ]
+INFERENCE_CASES = [  # without gradients, where the triton backend runs the recurrent kernel
+    ("inference T=1", 1, "normal", True, None),
+    ("inference T=37 strong gates", 37, "strong", True, None),
+    ("inference varlen 5+32+23", None, "weak", False, [0, 5, 37, 60]),
+]
 
 
 @main.command()
@@ -97,12 +102,14 @@ def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], se
         table.add_column(col)
     failed = False
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("checking", total=len(mixers) * len(backends) * len(CASES))
+        task = progress.add_task("checking", total=len(mixers) * len(backends) * len(CASES) + len(mixers) * ("triton" in backends) * len(INFERENCE_CASES))
         for m in mixers:
             for backend in backends:
+                if backend == "triton":
+                    failed |= _check_inference(m, seed, device, table, progress, task)
                 missing = triton_backend.unsupported(m.compiled) if backend == "triton" else []
                 if missing:
-                    table.add_row(m.name, backend, "-", "-", "-", "-", "-", f"[yellow]not available: {'; '.join(missing)}[/yellow]")
+                    table.add_row(m.name, backend, "-", "-", "-", "-", "-", f"[yellow]chunk kernels not available: {'; '.join(missing)}[/yellow]")
                     progress.advance(task, len(CASES))
                     continue
                 for label, T, gate, init, cu in CASES:
@@ -127,6 +134,29 @@ def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], se
     if failed:
         console.print("[red]mismatch against the interpreter[/red]")
         sys.exit(1)
+
+
+def _check_inference(m: Mixer, seed: int, device: str, table, progress, task) -> bool:
+    """The triton backend without gradients (the recurrent kernel) against the interpreter; True when it failed."""
+    from .check import compare_inference, random_call
+
+    failed = False
+    for label, T, gate, init, cu in INFERENCE_CASES:
+        progress.update(task, description=f"{m.name} / triton / {label}")
+        tensors, states = random_call(m, T=T or 1, gate=gate, seed=seed, initial_state=init, cu_seqlens=cu, device=device)
+        try:
+            c = compare_inference(m, "triton", tensors, states, cu_seqlens=cu)
+        except LamixerError as e:
+            table.add_row(m.name, "triton", label, "-", "-", "-", "-", f"[yellow]skipped: {e}[/yellow]")
+            progress.advance(task)
+            continue
+        states_err = max((v for k, v in c.errors.items() if k.startswith("state")), default=0.0)
+        ok = c.worst < CHECK_TOLERANCE
+        failed |= not ok
+        table.add_row(m.name, "triton", label, f"{c.errors['o']:.1e}", f"{states_err:.1e}", "-", "-",
+                      "[green]ok[/green]" if ok else "[red]MISMATCH[/red]")  # fmt: skip
+        progress.advance(task)
+    return failed
 
 
 def _triton_runs_here() -> bool:

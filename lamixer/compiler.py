@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import ir
 from .errors import SpecError
@@ -23,6 +23,8 @@ class Compiled:
     plan: KernelPlan
     source: str
     filename: str
+    # per-call work done once per call signature (bindings, backend choices, constants): see lamixer.call
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:

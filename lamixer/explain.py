@@ -1,8 +1,6 @@
 """Human-readable summaries of a compiled spec: one row for `lamixer list`, a report for `explain`."""
 from __future__ import annotations
 
-import re
-
 from .compiler import Compiled
 
 
@@ -109,14 +107,28 @@ def _kernels(c: Compiled) -> list[str]:
 
     missing = unsupported(c)
     if missing:
-        return ["triton kernels: none (the torch backend runs): " + "; ".join(missing)]
-    lines = ["triton kernels:"]
+        lines = ["triton kernels: none (the torch backend runs what the recurrent kernel does not): " + "; ".join(missing)]
+    else:
+        lines = ["triton kernels:"]
+        for s in c.classification.scans:
+            if s.rule == "delta":
+                decay, read = triton_backend.triton_delta.template_config(s)
+                names = ", ".join(triton_backend.triton_delta.KERNELS)
+                lines.append(f"  scan {s.state}: scan_delta_{decay}_{read}_float32_{{{names}}}")
+                continue
+            decay, read = triton_backend.template_config(s)
+            names = ", ".join(triton_backend.kernel_names(decay))
+            lines.append(f"  scan {s.state}: {triton_backend.family(decay)}_{decay}_{read}_float32_{{{names}}}")
+    return lines + _recurrent_kernels(c)
+
+
+def _recurrent_kernels(c: Compiled) -> list[str]:
+    """The recurrent kernel each scan runs on for inference on short sequences (backends/recurrent.py)."""
+    from .backends import recurrent
+
+    lines = [f"recurrent kernel (inference, sequences of at most {recurrent.MAX_T} tokens):"]
     for s in c.classification.scans:
-        decay, read = triton_backend.template_config(s)
-        name = f"{triton_backend.family(decay)}_{decay}_{read}_float32"
-        source = triton_backend.render(triton_backend.family(decay), decay=decay, read=read, acc="float32")
-        kernels = re.findall(rf"^def {name}_(\w+)\(", source, re.M)  # the rendered module's kernels, by name
-        lines.append(f"  scan {s.state}: {name}_{{{', '.join(kernels)}}}")
+        lines.append(f"  scan {s.state}: recurrent_{'_'.join(recurrent.template_config(s))}_float32_kernel")
     return lines
 
 

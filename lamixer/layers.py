@@ -50,10 +50,26 @@ Value = tuple[torch.Tensor, tuple[str, ...]]  # a tensor whose trailing axes are
 
 
 # ---- expressions of the layer section (already checked by lamixer.lower) ----
+_NUMBERS: dict[str, torch.Tensor] = {}  # keyed by the exact bits (0.0 and -0.0 differ)
+
+
+def _number(value: float) -> torch.Tensor:
+    """A number as a 0-d float64 tensor, made once per value (nothing writes into it)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(value, dtype=torch.float64)
+    key = value.hex()
+    found = _NUMBERS.get(key)
+    if found is None:
+        if len(_NUMBERS) >= 1024:
+            _NUMBERS.clear()
+        found = _NUMBERS[key] = torch.tensor(value, dtype=torch.float64)
+    return found
+
+
 def _evaluate(e: S.Expr, env: dict[str, Value], draw=None) -> Value:
     """Evaluate an elementwise layer expression, broadcasting by dim name as the mixer does."""
     if isinstance(e, S.Num):
-        return torch.tensor(e.value, dtype=torch.float64), ()
+        return _number(float(e.value)), ()
     if isinstance(e, S.Name):
         return env[e.id]
     if isinstance(e, S.Neg):
@@ -112,6 +128,7 @@ class Layer(LayerBase):
         self.shifted = bool(self.info.shifts)
         self.value_dims = graph.dims_of(graph.output)
         self._build()
+        self._fixed: dict[str, Value] | None = None  # see _inputs
 
     # -- construction --
     def _options(self, graph: ir.Graph, given: dict) -> dict[str, float]:
@@ -194,7 +211,9 @@ class Layer(LayerBase):
         """The mixer's per-token inputs [B, T, H, *dims]: projections, convolutions, maps in order, rotations."""
         B, T, H = x.shape[0], x.shape[1], self.num_heads
         h = self._conv(HIDDEN, x, state, cu, caches)
-        env: dict[str, Value] = {**self._constants(), **{d: (torch.tensor(float(n), dtype=torch.float64), ()) for d, n in self.sizes.items()}}
+        if self._fixed is None:  # the options' and dims' values, made once: a layer's sizes never change
+            self._fixed = {**self._constants(), **{d: (_number(float(n)), ()) for d, n in self.sizes.items()}}
+        env: dict[str, Value] = dict(self._fixed)
         for name, p in self.info.params.items():
             if not p.of_mixer:
                 env[name] = (self.params[name], p.dims)

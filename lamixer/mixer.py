@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from .call import BACKENDS, bind
+from .backends import recurrent
+from .call import BACKENDS, Call, bind, remember
 from .compiler import Compiled, compile_spec
 from .errors import ArgumentError
 from .runtime.call import check_flags, pick_backend, results
@@ -57,18 +58,29 @@ class Mixer:
         check_flags(backend, BACKENDS, output_final_state)
         compute = torch.float64 if backend == "interpret" else None
         call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
+        if call.memo is None:
+            impl = self._backend(call, backend)
+        else:  # the choice depends on nothing but the signature, the grad mode and whether the recurrent kernel takes the length
+            key = (backend, torch.is_grad_enabled(), call.longest <= recurrent.MAX_T)
+            impl = call.memo.get(key) or remember(call.memo, key, self._backend(call, backend))
+        o, finals = impl.run(self.compiled, call)
+        return results(call, o, finals, output_final_state)
+
+    def _backend(self, call: Call, backend: str):
+        """The backend module that runs this call; an ArgumentError when Triton kernels are asked for and cannot run it."""
         if backend in ("auto", "triton"):
             from .backends import triton as triton_backend
 
-            backend = pick_backend(self.name, backend, call, triton_backend.unsupported(self.compiled, call.sizes))
+            # inference on short sequences runs every scan on the recurrent kernel, whatever its rule
+            missing = [] if recurrent.serves(self.compiled, call) else triton_backend.unsupported(self.compiled, call.sizes)
+            backend = pick_backend(self.name, backend, call, missing)
         if backend == "interpret":
             from .backends import interpret as impl
         elif backend == "triton":
             from .backends import triton as impl
         else:
             from .backends import torch as impl
-        o, finals = impl.run(self.compiled, call)
-        return results(call, o, finals, output_final_state)
+        return impl
 
 
 @functools.lru_cache(maxsize=256)

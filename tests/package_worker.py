@@ -41,15 +41,18 @@ import torch  # noqa: E402
 def run_mixer(case: dict) -> dict:
     before = set(sys.modules)
     fn = getattr(importlib.import_module(case["module"]), case["function"])
-    leaves = {k: v.clone().requires_grad_() for k, v in case["tensors"].items()}
-    h0 = [s.clone().requires_grad_() for s in case["states"]]
+    grad = case.get("grad", True)  # without: inference, where short sequences run on the recurrent kernel
+    leaves = {k: v.clone().requires_grad_(grad) for k, v in case["tensors"].items()}
+    h0 = [s.clone().requires_grad_(grad) for s in case["states"]]
     o, finals = fn(*leaves.values(), initial_state=h0[0] if len(h0) == 1 else tuple(h0), output_final_state=True,
                    cu_seqlens=case["cu_seqlens"], scale=case["scale"], backend=case["backend"])  # fmt: skip
     finals = list(finals) if isinstance(finals, tuple) else [finals]
-    loss = (o.double() * case["do"]).sum() + sum((f.double() * d).sum() for f, d in zip(finals, case["dfinals"]))
-    grads = torch.autograd.grad(loss, [*leaves.values(), *h0], allow_unused=True)
-    kernels = sorted(m for m in set(sys.modules) - before if ".kernels." in m and not m.endswith(".host"))  # the kernel modules this call loaded
-    return {"o": o.detach(), "finals": [f.detach() for f in finals], "grads": list(grads), "kernels": kernels}
+    grads = []
+    if grad:
+        loss = (o.double() * case["do"]).sum() + sum((f.double() * d).sum() for f, d in zip(finals, case["dfinals"]))
+        grads = list(torch.autograd.grad(loss, [*leaves.values(), *h0], allow_unused=True))
+    kernels = sorted(m for m in set(sys.modules) - before if ".kernels." in m and ".kernels.host" not in m)  # the kernel modules this call loaded
+    return {"o": o.detach(), "finals": [f.detach() for f in finals], "grads": grads, "kernels": kernels}
 
 
 def run_layer(case: dict) -> dict:

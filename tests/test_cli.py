@@ -37,7 +37,7 @@ def test_explain_draws_png(tmp_path):
 def test_check_passes_on_a_shipped_spec():
     code, out = run("check", "simple_gla")
     assert code == 0, out
-    assert "ok" in out and "MISMATCH" not in out
+    assert "ok" in out and "MISMATCH" not in out and "inference T=37" in out  # the recurrent kernel too
 
 
 def test_check_reports_a_located_error_for_a_broken_spec(tmp_path):
@@ -84,14 +84,21 @@ def test_memory_floor_counts_inputs_and_outputs_once():
 
 
 def test_compile_writes_packages(tmp_path):
-    code, out = run("compile", "rwkv6", "deltanet", "-o", str(tmp_path / "shared"))  # several: runtime and kernels shared
+    two_reads = tmp_path / "two_reads.lam"  # no chunk template covers two reads of one state; the recurrent kernel does
+    two_reads.write_text("mixer two_reads\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S + k @ S\n")
+    code, out = run("compile", "rwkv6", "deltanet", str(two_reads), "-o", str(tmp_path / "shared"))  # several: runtime and kernels shared
     assert code == 0, out
     shared = tmp_path / "shared"
-    assert sorted(p.name for p in (shared / "kernels").iterdir()) == ["__init__.py", "chunk_additive_key_before.py", "host.py"]
-    assert {"__init__.py", "runtime", "rwkv6", "deltanet"} <= {p.name for p in shared.iterdir()}
+    kernels = ["__init__.py", "chunk_additive_key_before.py", "host.py", "host_delta.py", "host_recurrent.py", "recurrent_additive_key_before.py",
+               "recurrent_additive_none_after_after.py", "recurrent_delta_none_after.py", "scan_delta_none_after.py"]  # fmt: skip
+    assert sorted(p.name for p in (shared / "kernels").iterdir()) == kernels
+    assert {"__init__.py", "runtime", "rwkv6", "deltanet", "two_reads"} <= {p.name for p in shared.iterdir()}
     assert "`chunk_additive_key_before.py`" in (shared / "rwkv6" / "README.md").read_text()
-    assert "Every call runs on the torch fallback" in (shared / "deltanet" / "README.md").read_text()
-    assert not (shared / "deltanet" / "scans.py").exists()
+    deltanet = (shared / "deltanet" / "README.md").read_text()
+    assert "`scan_delta_none_after.py`" in deltanet and "`recurrent_delta_none_after.py`" in deltanet
+    two = (shared / "two_reads" / "README.md").read_text()
+    assert "`recurrent_additive_none_after_after.py`" in two and "every other call runs on the torch fallback" in two
+    assert all((shared / name / "scans.py").is_file() for name in ("rwkv6", "deltanet", "two_reads"))
     code, out = run("compile", "gla", "-o", str(tmp_path / "one"))  # one: standalone
     assert code == 0, out
     assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["gla"]

@@ -24,12 +24,34 @@ def test_generated_code_is_up_to_date(tmp_path):
         assert kept[name] == text, f"generated/{name} differs from the compiler's output; review and regenerate: {REGENERATE}"
 
 
-def test_each_kernel_file_holds_only_named_kernels_of_its_configuration():
-    files = [p for p in (GENERATED / "kernels").glob("*.py") if p.name not in ("__init__.py", "host.py")]
-    assert len(files) == 5  # every configuration the shipped specs classify into, once (shared by the specs)
+def test_each_additive_kernel_file_defines_its_named_kernels():
+    from lamixer.backends.triton import kernel_names
+
+    files = {p.stem: p for p in (GENERATED / "kernels").glob("*_additive_*.py") if not p.stem.startswith("recurrent")}
+    # every configuration the shipped specs classify into, once: gsa's value-dim decay on scan_additive
+    assert sorted(files) == ["chunk_additive_key_after", "chunk_additive_key_before", "chunk_additive_none_after",
+                             "chunk_additive_scalar_after", "scan_additive_value_after"]  # fmt: skip
+    for stem, path in files.items():
+        names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert names == {f"{stem}_float32_{k}" for k in kernel_names(stem.split("_")[2])}, path
+
+
+def test_each_delta_kernel_file_defines_its_named_kernels():
+    from lamixer.backends.triton_delta import KERNELS
+
+    files = list((GENERATED / "kernels").glob("scan_delta_*.py"))
+    assert len(files) == 2  # deltanet (no decay) and gated_deltanet (scalar decay)
     for path in files:
-        kernels = [f for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)]
-        assert len(kernels) >= 3 and all(f.name.startswith(path.stem + "_float32_") and f.decorator_list for f in kernels), path
+        names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert names == {f"{path.stem}_float32_{k}" for k in KERNELS}, path
+
+
+def test_each_recurrent_kernel_file_defines_its_kernel():
+    files = list((GENERATED / "kernels").glob("recurrent_*.py"))
+    assert len(files) == 7  # additive with each decay (key: read before or after), delta with none and scalar decay
+    for path in files:
+        names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert names == {path.stem + "_float32_kernel"}, path
 
 
 def test_the_shared_runtime_is_lamixers_own_verbatim():
@@ -45,8 +67,9 @@ def test_every_shipped_spec_has_its_package():
         assert readme.startswith(f"# {name}: ") and "## API" in readme and "## What it runs" in readme
         mixer = (pkg / "mixer.py").read_text()
         assert f"\ndef {name}(" in mixer and "\ndef forward(call, scan):" in mixer
-        # a spec without kernels has no Triton wiring at all, one with kernels reaches them only through scans.py
-        assert ("from . import scans" in mixer) == (pkg / "scans.py").is_file()
+        # every shipped spec reaches its kernels (a chunk family and the recurrent kernel) only through scans.py
+        assert "from . import scans" in mixer and (pkg / "scans.py").is_file()
+        assert "kernels/`" in readme and "`recurrent_" in readme and ("`chunk_additive_" in readme or "`scan_" in readme)
 
 
 def test_the_runtime_imports_only_torch_and_the_standard_library():

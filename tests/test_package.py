@@ -4,8 +4,9 @@ Each spec is compiled on its own (a standalone package) and, once more, all toge
 layout generated/ uses). One subprocess, where importing lamixer or a compile-time dependency raises
 (tests/package_worker.py), imports them: each mixer runs the random float64 calls the interpreter
 runs here (outputs, final states, every gradient; packed sequences too), each Layer is built from
-the same seed as lamixer.Layer, loads its state dict and runs the same inputs, and GLA runs on its
-Triton kernels (under TRITON_INTERPRET=1 on the CPU).
+the same seed as lamixer.Layer, loads its state dict and runs the same inputs, and a few specs run
+on their Triton kernels (under TRITON_INTERPRET=1 on the CPU), training on each chunk family and
+inferring on the recurrent kernel, bit for bit as lamixer's triton backend runs them.
 """
 import contextlib
 import importlib.util
@@ -25,7 +26,7 @@ from test_fuzz import mutated_spec, typed_spec
 import lamixer
 from lamixer.check import random_call, rel_rms
 from lamixer.emit import source
-from lamixer.emit.kernels import module_name
+from lamixer.emit.kernels import configs
 from lamixer.emit.mixer import MODULE_NAMES
 from lamixer.emit.package import package_name
 from lamixer.generate import write
@@ -35,7 +36,9 @@ SPECS = lamixer.shipped_specs()
 WORKER = Path(__file__).resolve().parent / "package_worker.py"
 SMALL = {"gated_deltanet": {"head_dim": 8}, "gsa": {"M": 4}, "mamba2": {"d_state": 4}, "gla": {"gate_rank": 4}, "rwkv6": {"decay_rank": 4, "mix_rank": 4}}
 CALLS = {"T=24": (None, None), "packed 5+19, scale 0.3": ([0, 5, 24], 0.3)}
-TRITON_SPEC = "gla"
+# training on each kernel family (gsa: a value-dim decay chained into a key-dim one; a scalar decay; the delta rule) and
+# inference on the recurrent kernel; no two cases share a kernel module, so each loads its own
+TRITON_CASES = [("gsa", True), ("simple_gla", True), ("deltanet", True), ("gated_deltanet", False), ("gsa", False)]
 
 
 def _interpret_case(m, seed: int, cu, scale, dtype=torch.float64):
@@ -52,12 +55,14 @@ def _interpret_case(m, seed: int, cu, scale, dtype=torch.float64):
             "dfinals": dfinals}  # fmt: skip
 
 
-def _reference(m, case, backend="interpret"):
-    leaves = {k: v.clone().requires_grad_() for k, v in case["tensors"].items()}
-    h0 = [s.clone().requires_grad_() for s in case["states"]]
+def _reference(m, case, backend="interpret", grad=True):
+    leaves = {k: v.clone().requires_grad_(grad) for k, v in case["tensors"].items()}
+    h0 = [s.clone().requires_grad_(grad) for s in case["states"]]
     o, finals = m(**leaves, initial_state=h0[0] if len(h0) == 1 else tuple(h0), output_final_state=True, cu_seqlens=case["cu_seqlens"],
                   scale=case["scale"], backend=backend)  # fmt: skip
     finals = list(finals) if isinstance(finals, tuple) else [finals]
+    if not grad:
+        return {"o": o, "finals": finals, "grads": []}
     loss = (o.double() * case["do"]).sum() + sum((f.double() * d).sum() for f, d in zip(finals, case["dfinals"]))
     return {"o": o, "finals": finals, "grads": list(torch.autograd.grad(loss, [*leaves.values(), *h0], allow_unused=True))}
 
@@ -113,12 +118,13 @@ def _run(tmp_path_factory):
         refs[name, "layer"] = {k: v.detach() for k, v in ref.items()}
         layers[name] = {"module": pkg, "options": SMALL.get(name, {}), "state_dict": layer.state_dict(), "x": x, "x_packed": x_packed,
                         "x_t": x_t, "cu_seqlens": cu}  # fmt: skip
-    # the Triton path: float32 kernels (the interpreter on the CPU), against lamixer's triton backend and the interpreter
-    m = lamixer.load(TRITON_SPEC)
-    case = _interpret_case(m, 99, None, None, dtype=torch.float32)
-    refs[TRITON_SPEC, "triton"] = _reference(m, case, "triton")
-    refs[TRITON_SPEC, "triton interpret"] = _reference(m, case)
-    mixers["triton"] = {**case, "module": TRITON_SPEC, "function": TRITON_SPEC, "backend": "triton"}
+    # the Triton paths: float32 kernels (the interpreter on the CPU), against lamixer's triton backend and the interpreter
+    for name, grad in TRITON_CASES:
+        m = lamixer.load(name)
+        case = _interpret_case(m, 99, None, None, dtype=torch.float32)
+        refs[name, "triton", grad] = _reference(m, case, "triton", grad)
+        refs[name, "triton interpret", grad] = _reference(m, case, grad=grad)
+        mixers[f"triton|{name}|{grad}"] = {**case, "module": f"mixers.{package_name(name)}", "function": name, "backend": "triton", "grad": grad}
 
     cases_file, results_file = root / "cases.pt", root / "results.pt"
     torch.save({"path": [str(standalone), str(shared.parent)], "mixers": mixers, "layers": layers}, cases_file)
@@ -151,13 +157,16 @@ def test_layer_matches_lamixer_layer(run, name):
         assert rel_rms(got[key], ref[key]) < 1e-13, key
 
 
-def test_triton_path_runs_the_kernels(run):
+@pytest.mark.parametrize("name, grad", TRITON_CASES)
+def test_triton_paths_run_lamixers_kernels(run, name, grad):
     refs, results = run
-    got = results["mixers"]["triton"]
-    assert got["kernels"] == [f"{TRITON_SPEC}.kernels.{module_name('key', 'after')}"]
-    same = _errors(got, refs[TRITON_SPEC, "triton"])  # the same kernels as lamixer's triton backend
-    assert same["o"] == 0 and same["final 0"] == 0 and max(same.values()) < 1e-5, same
-    interp = _errors(got, refs[TRITON_SPEC, "triton interpret"])  # float32 against the float64 interpreter
+    got = results["mixers"][f"triton|{name}|{grad}"]
+    c = lamixer.load(name).compiled
+    want = [k for k in configs(c) if k.startswith("recurrent_") != grad]  # training: the chunk kernels; inference: the recurrent one
+    assert got["kernels"] == sorted(f"mixers.kernels.{k}" for k in want)
+    same = _errors(got, refs[name, "triton", grad])  # the same kernels as lamixer's triton backend, bit for bit
+    assert max(same.values()) == 0, same
+    interp = _errors(got, refs[name, "triton interpret", grad])  # float32 against the float64 interpreter
     assert max(interp.values()) < 1e-4, interp
 
 

@@ -46,13 +46,11 @@ def chunk_additive_key_before_float32_state_fwd(
 
 
 @triton.jit(do_not_specialize=["T"])
-def chunk_additive_key_before_float32_scores_fwd(
-    q, qs, a, g, A, cu_seqlens, chunk_indices, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+def chunk_additive_key_before_float32_cumsum_fwd(
+    g, Bc, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
-    """A[i, j] = sum_k q_ik a_jk exp(E_ik - B_jk) within each chunk (zero off the causal mask) [.., BT];
-    one program per (chunk, head), in strips of BC rows."""
+    """Bc = the inclusive cumulative log decay within each chunk [.., K] (float32), for the strip kernels."""
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -69,35 +67,71 @@ def chunk_additive_key_before_float32_scores_fwd(
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    o_c = tl.arange(0, BC)
     b_g = tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B - b_g
     b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    for i_s in tl.static_range(BT // BC):
-        r = bos + i_t * BT + i_s * BC + o_c  # [BC] the strip's rows
-        m_r = i_t * BT + i_s * BC + o_c < L
-        b_q = tl.load(q + (r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-            b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_q = b_q.to(tl.float32)
-        b_ar = tl.load(a + (r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
-        b_gr = tl.load(g + (r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_P = tl.sum(tl.where((o_t < i_s * BC)[:, None], b_g, 0.), axis=0)  # [BK] the log decay before the strip
-        b_Br = b_P[None, :] + tl.cumsum(b_gr, axis=0)
-        b_Er = b_Br - b_gr
-        # earlier strips: one dot, both factors <= 1
-        b_ad = b_a * tl.exp(tl.where((o_t < i_s * BC)[:, None], b_P[None, :] - b_B, float("-inf")))  # [BT, BK]
-        b_As = tl.dot((b_q * tl.exp(b_Er - b_P[None, :])).to(b_a.dtype), tl.trans(b_ad.to(b_a.dtype)), input_precision=PRECISION)  # [BC, BT]
-        # the strip's own block, column by column
-        for jj in range(BC):
-            b_aj = tl.sum(tl.where((o_c == jj)[:, None], b_ar, 0.), axis=0)  # [BK]
-            b_Bj = tl.sum(tl.where((o_c == jj)[:, None], b_Br, 0.), axis=0)
-            b_w = tl.exp(tl.where((o_c > jj)[:, None], b_Er - b_Bj[None, :], float("-inf")))  # [BC, BK]
-            b_col = tl.sum(b_q * b_aj[None, :] * b_w, axis=1)  # [BC]
-            b_As += tl.where((o_t == i_s * BC + jj)[None, :], b_col[:, None], 0.)
-        tl.store(A + (r[:, None] * H + i_h) * BT + o_t[None, :], b_As.to(A.dtype.element_ty), mask=m_r[:, None])
+    tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_additive_key_before_float32_scores_fwd(
+    q, qs, a, g, Bc, A, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """A[i, j] = sum_k q_ik a_jk exp(E_ik - B_jk) within each chunk [.., BT], one [BC, BC] block per program
+    (block row i_i, block column i_j <= i_i; above the diagonal A is left unwritten and masked by its readers)."""
+    i_i, i_j = tl.program_id(0) // (BT // BC), tl.program_id(0) % (BT // BC)
+    i_c, i_h = tl.program_id(1), tl.program_id(2)
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        L = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    else:
+        i_n, i_t = i_c // tl.cdiv(T, BT), i_c % tl.cdiv(T, BT)
+        bos = i_n.to(tl.int64) * T
+        L = T
+    o_t = tl.arange(0, BT)
+    t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    m_t = i_t * BT + o_t < L
+    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
+    if i_j > i_i or i_t * BT + i_i * BC >= L:
+        return
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_c = tl.arange(0, BC)
+    ri = bos + i_t * BT + i_i * BC + o_c  # [BC] block i's rows
+    m_ri = i_t * BT + i_i * BC + o_c < L
+    b_qi = tl.load(q + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
+    if USE_QS:
+        b_qi = b_qi * tl.load(qs + i_h)
+    b_ai = tl.load(a + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
+    b_Ei = b_Bi - tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
+    m_rj = i_t * BT + i_j * BC + o_c < L
+    b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
+    if USE_QS:
+        b_qj = b_qj * tl.load(qs + i_h)
+    b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
+    b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    if i_i > i_j:  # both factors <= 1 against the log decay P before block row i
+        b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
+        b_qd = b_qi * tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
+        b_ad = b_aj * tl.exp(b_P[None, :] - b_Bj)
+        b_A = tl.dot(b_qd.to(a.dtype.element_ty), tl.trans(b_ad.to(a.dtype.element_ty)), input_precision=PRECISION)  # [BC, BC]
+    else:  # the diagonal block, column by column
+        b_A = tl.zeros([BC, BC], dtype=tl.float32)
+        for jj in range(0, tl.minimum(BC, L - i_t * BT - i_j * BC)):  # rows of block j, read from memory (L1)
+            p_1 = ((bos + i_t * BT + i_j * BC + jj) * H + i_h) * K + o_k
+            b_a1 = tl.load(a + p_1, mask=m_k, other=0.).to(tl.float32)  # [BK]
+            b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
+            b_w = tl.exp(tl.where((o_c > jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))  # [BC, BK]
+            b_A += tl.where((o_c == jj)[None, :], tl.sum(b_qi * b_a1[None, :] * b_w, axis=1)[:, None], 0.)
+    tl.store(A + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], b_A.to(A.dtype.element_ty), mask=m_ri[:, None])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -134,7 +168,8 @@ def chunk_additive_key_before_float32_output_fwd(
     b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_o = tl.dot((b_q * tl.exp(b_E)).to(b_q.dtype), b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
-    b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
+    m_ij = o_t[:, None] >= o_t[None, :]  # the diagonal blocks hold their own mask
+    b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & m_ij, other=0.)  # [BT, BT]
     b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
     tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
@@ -217,7 +252,7 @@ def chunk_additive_key_before_float32_grads_bwd(
     b_E = b_B - b_g
     b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
     m_ij = o_t[:, None] > o_t[None, :]
-    b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
+    b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.)  # [BT, BT]
     b_a_end = (b_a * tl.exp(b_last[None, :] - b_B)).to(b_a.dtype)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_da = tl.zeros([BT, BK], dtype=tl.float32)
@@ -250,13 +285,102 @@ def chunk_additive_key_before_float32_grads_bwd(
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_key_before_float32_strips_bwd(
-    q, qs, a, g, dA, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, chunk_indices, T,
+    q, qs, a, g, Bc, dA, dq, da, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """The chunk's own part of dq and da from dA (strips of BC rows, as in the scores kernel), added to the
-    parts grads_bwd left in dq_part and da_part; then d(log decay), strips last to first carrying the
-    suffix sums. One program per (chunk, head)."""
+    """The chunk's own part of dq and da for one block row i of BC tokens, added in place to the float32
+    parts grads_bwd left: dq_i from blocks j <= i, da_i from blocks j >= i. One program per (block, chunk, head)."""
+    i_i = tl.program_id(0)
+    i_c, i_h = tl.program_id(1), tl.program_id(2)
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        L = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    else:
+        i_n, i_t = i_c // tl.cdiv(T, BT), i_c % tl.cdiv(T, BT)
+        bos = i_n.to(tl.int64) * T
+        L = T
+    o_t = tl.arange(0, BT)
+    t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    m_t = i_t * BT + o_t < L
+    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
+    if i_t * BT + i_i * BC >= L:
+        return
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_c = tl.arange(0, BC)
+    ri = bos + i_t * BT + i_i * BC + o_c  # [BC] block i's rows
+    m_ri = i_t * BT + i_i * BC + o_c < L
+    b_qi = tl.load(q + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
+    if USE_QS:
+        b_qi = b_qi * tl.load(qs + i_h)
+    b_ai = tl.load(a + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
+    b_Ei = b_Bi - tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_da = tl.zeros([BC, BK], dtype=tl.float32)
+    if i_i > 0:  # earlier blocks, against the log decay P before block i
+        b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
+        for i_j in range(0, i_i):
+            rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
+            m_rj = i_t * BT + i_j * BC + o_c < L
+            b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
+            if USE_QS:
+                b_qj = b_qj * tl.load(qs + i_h)
+            b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
+            b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+            b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
+            b_dq += tl.dot(b_dAij.to(a.dtype.element_ty), (b_aj * tl.exp(b_P[None, :] - b_Bj)).to(a.dtype.element_ty), input_precision=PRECISION)
+        b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
+    # later blocks, against the log decay Z through block i (its last real row)
+    i_z = tl.minimum(i_t * BT + i_i * BC + BC, L) - 1
+    b_Z = tl.load(Bc + ((bos + i_z) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
+    for i_j in range(i_i + 1, tl.cdiv(tl.minimum(L - i_t * BT, BT), BC)):
+        rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
+        m_rj = i_t * BT + i_j * BC + o_c < L
+        b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
+        if USE_QS:
+            b_qj = b_qj * tl.load(qs + i_h)
+        b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
+        b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_dAji = tl.load(dA + (rj[:, None] * H + i_h) * BT + (i_i * BC + o_c)[None, :], mask=m_rj[:, None], other=0.)  # [BC, BC]
+        b_qd = b_qj * tl.exp(tl.where(m_rj[:, None], b_Ej - b_Z[None, :], float("-inf")))
+        b_da += tl.dot(tl.trans(b_dAji).to(a.dtype.element_ty), b_qd.to(a.dtype.element_ty), input_precision=PRECISION)
+    b_da *= tl.exp(tl.where(m_ri[:, None], b_Z[None, :] - b_Bi, float("-inf")))
+    # the diagonal block
+    for jj in range(0, tl.minimum(BC, L - i_t * BT - i_i * BC)):  # row jj of the block, read from memory (L1)
+        r1 = bos + i_t * BT + i_i * BC + jj
+        p_1 = (r1 * H + i_h) * K + o_k
+        b_a1 = tl.load(a + p_1, mask=m_k, other=0.).to(tl.float32)  # [BK]
+        b_q1 = tl.load(q + p_1, mask=m_k, other=0.).to(tl.float32)
+        if USE_QS:
+            b_q1 = b_q1 * tl.load(qs + i_h)
+        b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
+        b_E1 = b_B1 - tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32)
+        b_col = tl.load(dA + (ri * H + i_h) * BT + i_i * BC + jj, mask=m_ri, other=0.)  # [BC] dA[i, jj]
+        b_row = tl.load(dA + (r1 * H + i_h) * BT + i_i * BC + o_c)  # [BC] dA[jj, j]
+        # dq_i += dA[i, jj] a_jj exp(E_i - B_jj) for the rows i that see jj
+        b_dq += b_col[:, None] * b_a1[None, :] * tl.exp(tl.where((o_c > jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))
+        # da_j += dA[jj, j] q_jj exp(E_jj - B_j) for the columns j that row jj sees (the loop stops at the last real row)
+        b_da += b_row[:, None] * b_q1[None, :] * tl.exp(tl.where((jj > o_c)[:, None] & m_ri[:, None], b_E1[None, :] - b_Bi, float("-inf")))
+    p_i = (ri[:, None] * H + i_h) * K + o_k[None, :]
+    m_i = m_ri[:, None] & m_k[None, :]
+    tl.store(dq + p_i, b_dq + tl.load(dq + p_i, mask=m_i, other=0.), mask=m_i)
+    tl.store(da + p_i, b_da + tl.load(da + p_i, mask=m_i, other=0.), mask=m_i)
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_additive_key_before_float32_decay_bwd(
+    q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """d(log decay) = suffix sums within the chunk of q*dq - a*da, plus the chunk's end term; and dq, da in the
+    inputs' dtype. One program per (chunk, head)."""
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -273,66 +397,20 @@ def chunk_additive_key_before_float32_strips_bwd(
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    o_c = tl.arange(0, BC)
-    b_g = tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
-    b_B = tl.cumsum(b_g, axis=0)
-    b_E = b_B - b_g
-    b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-        b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_qf = b_q.to(tl.float32)
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_dgs = tl.load(dgs + (i_c.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
-    b_later_q = tl.zeros([BK], dtype=tl.float32)  # sum of q*dq over the rows after the strip
-    b_later_a = tl.zeros([BK], dtype=tl.float32)
-    for i_z in tl.static_range(BT // BC):
-        i_s = BT // BC - 1 - i_z
-        r = bos + i_t * BT + i_s * BC + o_c  # [BC] the strip's rows
-        m_r = i_t * BT + i_s * BC + o_c < L
-        b_qr = tl.load(q + (r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
-        if USE_QS:
-            b_qr = b_qr * tl.load(qs + i_h)
-        b_ar = tl.load(a + (r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_gr = tl.load(g + (r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_P = tl.sum(tl.where((o_t < i_s * BC)[:, None], b_g, 0.), axis=0)  # [BK] the log decay before the strip
-        b_Br = b_P[None, :] + tl.cumsum(b_gr, axis=0)
-        b_Er = b_Br - b_gr
-        b_Z = b_P + tl.sum(b_gr, axis=0)  # [BK] the log decay through the strip
-        b_dAr = tl.load(dA + (r[:, None] * H + i_h) * BT + o_t[None, :], mask=m_r[:, None], other=0.)  # [BC, BT] rows of dA
-        b_dAc = tl.load(dA + (t[:, None] * H + i_h) * BT + (i_s * BC + o_c)[None, :], mask=m_t[:, None], other=0.)  # [BT, BC] columns
-        # dq of the strip's rows from earlier strips, and da of its columns from later strips: one dot each
-        b_ad = b_a * tl.exp(tl.where((o_t < i_s * BC)[:, None], b_P[None, :] - b_B, float("-inf")))  # [BT, BK]
-        b_dqr = tl.dot(b_dAr.to(b_a.dtype), b_ad.to(b_a.dtype), input_precision=PRECISION) * tl.exp(b_Er - b_P[None, :])  # [BC, BK]
-        b_qd = b_qf * tl.exp(tl.where((o_t >= (i_s + 1) * BC)[:, None], b_E - b_Z[None, :], float("-inf")))  # [BT, BK]
-        b_dar = tl.dot(tl.trans(b_dAc).to(b_a.dtype), b_qd.to(b_a.dtype), input_precision=PRECISION) * tl.exp(b_Z[None, :] - b_Br)  # [BC, BK]
-        # the strip's own block
-        for jj in range(BC):
-            b_aj = tl.sum(tl.where((o_c == jj)[:, None], b_ar, 0.), axis=0)  # [BK]
-            b_qj = tl.sum(tl.where((o_c == jj)[:, None], b_qr, 0.), axis=0)
-            b_Bj = tl.sum(tl.where((o_c == jj)[:, None], b_Br, 0.), axis=0)
-            b_Ej = tl.sum(tl.where((o_c == jj)[:, None], b_Er, 0.), axis=0)
-            b_dAcol = tl.sum(tl.where((o_t == i_s * BC + jj)[None, :], b_dAr, 0.), axis=1)  # [BC] dA[i, j] for the strip's rows i
-            b_dArow = tl.sum(tl.where((o_c == jj)[:, None], b_dAr, 0.), axis=0)  # [BT] dA[jj, :]
-            b_dArow = tl.sum(tl.where((o_t[:, None] == i_s * BC + o_c[None, :]), b_dArow[:, None], 0.), axis=0)  # [BC] dA[jj, j] for the strip's j
-            # dq_i += dA_ij a_j exp(E_i - B_j) for the strip's rows i that see j
-            b_w = tl.exp(tl.where((o_c > jj)[:, None], b_Er - b_Bj[None, :], float("-inf")))  # [BC, BK]
-            b_dqr += b_dAcol[:, None] * b_aj[None, :] * b_w
-            # da_j += dA_ij q_i exp(E_i - B_j) for the row i = jj and the strip's columns j it sees
-            b_w = tl.exp(tl.where((jj > o_c)[:, None], b_Ej[None, :] - b_Br, float("-inf")))  # [BC, BK]
-            b_dar += b_dArow[:, None] * b_qj[None, :] * b_w
-        b_dqr += tl.load(dq_part + (r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        b_dar += tl.load(da_part + (r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)
-        # d(log decay): suffix sums within the chunk plus its end term
-        b_xq = b_qr * b_dqr
-        b_xa = b_ar * b_dar
-        b_dg = tl.cumsum(b_xq, axis=0, reverse=True) - b_xq + b_later_q[None, :]
-        b_dg -= tl.cumsum(b_xa, axis=0, reverse=True) + b_later_a[None, :]
-        b_dg += b_dgs[None, :]
-        b_later_q += tl.sum(b_xq, axis=0)
-        b_later_a += tl.sum(b_xa, axis=0)
-        tl.store(dg + (r[:, None] * H + i_h) * K + o_k[None, :], b_dg.to(dg.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
-        if USE_QS:  # the gradient of the caller's query
-            b_dqr = b_dqr * tl.load(qs + i_h)
-        tl.store(dq + (r[:, None] * H + i_h) * K + o_k[None, :], b_dqr.to(dq.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
-        tl.store(da + (r[:, None] * H + i_h) * K + o_k[None, :], b_dar.to(da.dtype.element_ty), mask=m_r[:, None] & m_k[None, :])
+    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
+    if USE_QS:
+        b_q = b_q * tl.load(qs + i_h)
+    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_dq = tl.load(dq_part + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+    b_da = tl.load(da_part + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+    b_xq = b_q * b_dq
+    b_xa = b_a * b_da
+    b_dg = tl.cumsum(b_xq, axis=0, reverse=True) - b_xq - tl.cumsum(b_xa, axis=0, reverse=True)
+    b_dg += tl.load(dgs + (i_c.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)[None, :]
+    p = (t[:, None] * H + i_h) * K + o_k[None, :]
+    m = m_t[:, None] & m_k[None, :]
+    tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
+    if USE_QS:  # the gradient of the caller's query
+        b_dq = b_dq * tl.load(qs + i_h)
+    tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m)
+    tl.store(da + p, b_da.to(da.dtype.element_ty), mask=m)

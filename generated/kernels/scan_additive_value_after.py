@@ -16,8 +16,6 @@ import triton.language as tl
 
 
 
-
-
 @triton.jit(do_not_specialize=["T"])
 def scan_additive_value_after_float32_fwd_kernel(
     q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS,
@@ -150,7 +148,7 @@ def scan_additive_value_after_float32_bwd_kernel_dq(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_additive_value_after_float32_bwd_kernel_dab(
-    q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, da_block_stride, dgs_block_stride,
+    q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, da_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, P: tl.constexpr,
     USE_QS: tl.constexpr, USE_DHT: tl.constexpr, STORE_DH0: tl.constexpr, SPLIT: tl.constexpr, COMPUTE_DAB: tl.constexpr,
     STORE_DHS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
@@ -158,7 +156,7 @@ def scan_additive_value_after_float32_bwd_kernel_dab(
     """Reverse scan of dS: db_j = dS_j^T a_j, da_j = dS_j b_j (partial over this value block), dh0.
 
     One program per (value block, sequence x head), BK >= K; da goes to da[i_v] and is summed over blocks.
-    At each segment end it also writes sum_v dS * S (partial over this value block) to dgs [NV, N, NS, H, K]:
+    At each segment end it also writes sum_k dS * S (this value block's columns) to dgs [N, NS, H, V]:
     the segment's whole-decay term of d(log decay). Without COMPUTE_DAB it is the reverse state pass, leaving
     dS at every segment end in dhs [N, NS, H, K, V]; with SPLIT one program per segment starts from there.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..runtime.call import Operand, Signature, bind, check_flags, pick_backend, results
+from ..runtime.call import Operand, Signature, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
 
 SIGNATURE = Signature(
@@ -42,13 +42,12 @@ def mamba2(x, B, C, dt, A_log, D, dt_bias, *, scale=None, initial_state=None, ou
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
     """
     check_flags(backend, BACKENDS, output_final_state)
-    call = bind(SIGNATURE, {"x": x, "B": B, "C": C, "dt": dt, "A_log": A_log, "D": D, "dt_bias": dt_bias}, scale, initial_state, cu_seqlens, default_scale)
+    call = check(SIGNATURE, {"x": x, "B": B, "C": C, "dt": dt, "A_log": A_log, "D": D, "dt_bias": dt_bias}, scale, initial_state, cu_seqlens, default_scale)
     scan = torch_scan
     if backend != "torch":
         from . import scans
 
-        if pick_backend(SIGNATURE.name, backend, call, scans.unsupported(call)) == "triton":
-            scan = scans.scan(call)
+        scan = scans.choose(call, backend)
     o, finals = forward(call, scan)
     return results(call, o, finals, output_final_state)
 

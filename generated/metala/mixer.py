@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime.call import Operand, Signature, bind, check_flags, pick_backend, results
+from ..runtime.call import Operand, Signature, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
 
 SIGNATURE = Signature(
@@ -38,13 +38,12 @@ def metala(q, g, v, w_aug, *, scale=None, initial_state=None, output_final_state
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
     """
     check_flags(backend, BACKENDS, output_final_state)
-    call = bind(SIGNATURE, {"q": q, "g": g, "v": v, "w_aug": w_aug}, scale, initial_state, cu_seqlens, default_scale)
+    call = check(SIGNATURE, {"q": q, "g": g, "v": v, "w_aug": w_aug}, scale, initial_state, cu_seqlens, default_scale)
     scan = torch_scan
     if backend != "torch":
         from . import scans
 
-        if pick_backend(SIGNATURE.name, backend, call, scans.unsupported(call)) == "triton":
-            scan = scans.scan(call)
+        scan = scans.choose(call, backend)
     o, finals = forward(call, scan)
     return results(call, o, finals, output_final_state)
 

@@ -229,6 +229,10 @@ class LayerBase(nn.Module):
     token shift) and conv (a ModuleDict of short convolutions), and implements _mix.
     """
 
+    def __init__(self):
+        super().__init__()
+        self._shapes: dict[int, dict[str, tuple[int, ...]]] = {}  # see _check_state
+
     def _mix(self, x, state, cu_seqlens, caches: dict, offset, return_state: bool):
         """The spec's steps: x [B, T, hidden] -> (y [B, T, hidden], the mixer's final states or None), filling caches."""
         raise NotImplementedError
@@ -253,13 +257,16 @@ class LayerBase(nn.Module):
             raise ArgumentError("state", f"holds {state.batch} sequences, but the input has {N}")
         if not isinstance(state.position, torch.Tensor) or tuple(state.position.shape) != (N,):
             raise ArgumentError("state", f"needs position, the tokens each of its {N} sequences has seen ([N] integers)")
-        want = self.initial_state(N, device="meta")
+        need = self._shapes.get(N)
+        if need is None:  # the shapes of initial_state(N), worked out once per N
+            want = self.initial_state(N, device="meta")
+            need = {**{f"mixer[{i}]": s.shape for i, s in enumerate(want.mixer)}, **{f"conv[{k}]": c.shape for k, c in want.conv.items()}}
+            self._shapes = {**(self._shapes if len(self._shapes) < 64 else {}), N: need}
         got = {**{f"mixer[{i}]": s for i, s in enumerate(state.mixer)}, **{f"conv[{k}]": c for k, c in state.conv.items()}}
-        need = {**{f"mixer[{i}]": s for i, s in enumerate(want.mixer)}, **{f"conv[{k}]": c for k, c in want.conv.items()}}
         for key in set(got) | set(need):
-            if key not in got or key not in need or got[key].shape != need[key].shape:
+            if key not in got or key not in need or got[key].shape != need[key]:
                 have = list(got[key].shape) if key in got else "nothing"
-                should = list(need[key].shape) if key in need else "nothing"
+                should = list(need[key]) if key in need else "nothing"
                 raise ArgumentError("state", f"{key} is {have}, but this layer's is {should} (a state of a layer built with other sizes?)")
 
     def initial_state(self, batch: int, device=None, dtype: torch.dtype = torch.float32) -> LayerState:
@@ -291,8 +298,7 @@ class LayerBase(nn.Module):
         if not return_state:
             return y
         finals = finals if isinstance(finals, tuple) else (finals,)
-        lengths = torch.full((N,), T, device=x.device) if cu is None else cu[1:] - cu[:-1]
-        return y, LayerState(self.spec_key, N, finals, caches, offset + lengths)
+        return y, LayerState(self.spec_key, N, finals, caches, offset + T if cu is None else offset + (cu[1:] - cu[:-1]))
 
     def step(self, x_t: torch.Tensor, state: LayerState | None = None) -> tuple[torch.Tensor, LayerState]:
         """Decode one token per sequence: x_t [B, hidden] -> (y_t [B, hidden], the next state)."""

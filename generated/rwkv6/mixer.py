@@ -6,7 +6,7 @@ is its kernel plan written out: the per-token work one line per node, each scan 
 """
 from __future__ import annotations
 
-from ..runtime.call import Operand, Signature, bind, check_flags, pick_backend, results
+from ..runtime.call import Operand, Signature, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
 
 SIGNATURE = Signature(
@@ -37,13 +37,12 @@ def rwkv6(r, k, w, v, u, *, scale=None, initial_state=None, output_final_state=F
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
     """
     check_flags(backend, BACKENDS, output_final_state)
-    call = bind(SIGNATURE, {"r": r, "k": k, "w": w, "v": v, "u": u}, scale, initial_state, cu_seqlens, default_scale)
+    call = check(SIGNATURE, {"r": r, "k": k, "w": w, "v": v, "u": u}, scale, initial_state, cu_seqlens, default_scale)
     scan = torch_scan
     if backend != "torch":
         from . import scans
 
-        if pick_backend(SIGNATURE.name, backend, call, scans.unsupported(call)) == "triton":
-            scan = scans.scan(call)
+        scan = scans.choose(call, backend)
     o, finals = forward(call, scan)
     return results(call, o, finals, output_final_state)
 

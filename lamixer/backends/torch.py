@@ -8,13 +8,75 @@ from __future__ import annotations
 
 import torch
 
-from ..call import Call
+from ..call import Call, remember
 from ..compiler import Compiled
 from ..passes.classify import Scan
 from ..runtime import ops
 from ..runtime.scan import ScanOperands, block_attention, scan_group, stat, torch_scan
 
 __all__ = ["ScanOperands", "run", "torch_scan"]
+
+
+LEAVES = ("input", "param", "const", "dim", "head", "scale")
+CONSTANT_LEAVES = ("const", "dim", "head", "scale")  # values fixed by the call's sizes and scale
+
+
+class _Program:
+    """What evaluating the plan needs beyond the call's tensors, worked out once per spec and set of direct
+    operands: the nodes to evaluate in order, what each is, and the scan groups. Per-call work walks no graph."""
+
+    def __init__(self, compiled: Compiled, direct: dict[int, tuple[str, int | None]]):
+        self.c, self.nodes, self.direct = compiled, compiled.plan.nodes, direct
+        plan, nodes = compiled.plan, self.nodes
+        needed = self._needed()
+        # call constants: made of constants, dims, the head index and the scale only (e.g. RetNet's decay, a read-out
+        # scale): the same for every call of one signature and scale, so computed once for it
+        self.constant: list[int] = []  # in evaluation order
+        for n in plan.order:
+            d = nodes[n]
+            if d["op"] in CONSTANT_LEAVES or (d["op"] in ("unary", "binary") and n not in plan.read_scan
+                                               and all(a in self.constant for a in d["args"])):  # fmt: skip
+                self.constant.append(n)
+        self.steps: list[tuple[int, str]] = []
+        for n in plan.order:
+            if n not in needed:
+                continue
+            op = nodes[n]["op"]
+            kind = ("scan" if n in plan.read_scan else "constant" if n in self.constant else "leaf" if op in LEAVES
+                    else op if op in ("stat", "block_attention", "output") else "op")  # fmt: skip
+            self.steps.append((n, kind))
+        self.constants = [n for n, kind in self.steps if kind == "constant"]
+        # direct operands' per-head factors that are call constants, computed with the other constants
+        self.constant_factors = [f for _, f in direct.values() if f is not None and f in self.constant]
+        self.factors_key = tuple(self.constant_factors)
+        self.groups = {s.state: [compiled.classification.scan(name) for name in next((g for g in plan.fusable if s.state in g), (s.state,))]
+                       for s in compiled.classification.scans}  # fmt: skip
+
+    def _scan_deps(self, s: Scan) -> list[int]:
+        deps = []
+        for n in s.inputs():
+            _, replacement = self.direct.get(n, (None, n))  # a direct operand needs only its factor
+            deps += [replacement] if replacement is not None else []
+        return deps
+
+    def _needed(self) -> set[int]:
+        """The nodes to evaluate: what the output and the scans need, less what direct operands replace."""
+        plan, nodes = self.c.plan, self.nodes
+        need = {self.c.graph.output}
+        for s in self.c.classification.scans:
+            need.update(self._scan_deps(s))
+        for n in reversed(plan.order):
+            if n in need:
+                need.update(self._scan_deps(self.c.classification.scan(plan.read_scan[n])) if n in plan.read_scan else nodes[n]["args"])
+        return need
+
+
+def program(compiled: Compiled, direct: dict[int, tuple[str, int | None]] | None = None) -> _Program:
+    """The spec's evaluation program for these direct operands (made once, kept with the compiled spec)."""
+    direct = direct or {}
+    key = ("program", tuple(sorted(direct.items())))
+    found = compiled.cache.get(key)
+    return found if found is not None else remember(compiled.cache, key, _Program(compiled, direct))
 
 
 class _Evaluator:
@@ -24,13 +86,14 @@ class _Evaluator:
     batch-grouped statistics see the sequence boundaries.
     """
 
-    def __init__(self, compiled: Compiled, call: Call, scan_impl, direct: dict[int, tuple[str, int | None]] | None = None):
+    def __init__(self, compiled: Compiled, call: Call, scan_impl, direct: dict[int, tuple[str, int | None]] | None = None,
+                 prog: _Program | None = None):  # fmt: skip
         self.c, self.call = compiled, call
+        self.prog = prog if prog is not None else program(compiled, direct)
         self.nodes = compiled.plan.nodes  # plain data: nothing below touches the graph library
         self.scan_impl = scan_impl
         # scan operands the kernels read straight from the caller's tensors: node -> (input, per-head factor node)
-        self.direct = direct or {}
-        self.needed = self._needed()
+        self.direct = self.prog.direct
         self.env: dict[int, torch.Tensor] = {}
         self.finals: dict[str, torch.Tensor] = {}
         self.B, self.T = call.batch, call.length
@@ -52,48 +115,52 @@ class _Evaluator:
         if op == "head":
             return torch.arange(call.heads, dtype=dt, device=dev).reshape(1, 1, -1)
         value = {"const": lambda: d["value"], "dim": lambda: call.sizes[d["name"]], "scale": lambda: call.scale}[op]()
-        return torch.tensor(float(value), dtype=dt, device=dev).reshape(1, 1, 1)
+        # a fill, not a copy from host memory: nothing waits on the device, and a CUDA graph can capture it
+        return torch.full((1, 1, 1), float(value), dtype=dt, device=dev)
 
-    def _scan_deps(self, s: Scan) -> list[int]:
-        deps = []
-        for n in s.inputs():
-            _, replacement = self.direct.get(n, (None, n))  # a direct operand needs only its factor
-            deps += [replacement] if replacement is not None else []
-        return deps
-
-    def _needed(self) -> set[int]:
-        """The nodes to evaluate: what the output and the scans need, less what direct operands replace."""
-        plan, nodes = self.c.plan, self.nodes
-        need = {self.c.graph.output}
-        for s in self.c.classification.scans:
-            need.update(self._scan_deps(s))
-        for n in reversed(plan.order):
-            if n in need:
-                need.update(self._scan_deps(self.c.classification.scan(plan.read_scan[n])) if n in plan.read_scan else nodes[n]["args"])
-        return need
+    def constants(self) -> dict:
+        """The call constants' values (and the constant factors of direct operands), once per signature and scale."""
+        call, prog = self.call, self.prog
+        key = ("constants", call.scale, prog.factors_key)
+        found = call.memo.get(key) if call.memo is not None else None
+        if found is not None:
+            return found
+        values: dict = {}
+        for n in prog.constant:
+            d = self.nodes[n]
+            if d["op"] in CONSTANT_LEAVES:
+                values[n] = self.leaf(n)
+            else:
+                args = d["args"]
+                values[n] = ops.apply(d, [values[a] for a in args], [self.nodes[a]["dims"] for a in args])
+        for f in prog.constant_factors:
+            values[("factor", f)] = self._factor(values[f])
+        return values if call.memo is None else remember(call.memo, key, values)
 
     def run(self) -> None:
         nodes, plan = self.nodes, self.c.plan
-        for n in plan.order:
-            if n not in self.needed:
-                continue
-            op = nodes[n]["op"]
-            if n in plan.read_scan:
+        consts = self.constants() if self.prog.constants or self.prog.constant_factors else {}
+        self.consts = consts
+        for n, kind in self.prog.steps:
+            if kind == "scan":
                 if plan.read_scan[n] not in self.finals:
                     self.scan(plan.read_scan[n])
-            elif op in ("input", "param", "const", "dim", "head", "scale"):
+            elif kind == "constant":
+                self.env[n] = consts[n]
+            elif kind == "leaf":
                 self.env[n] = self.leaf(n)
-            elif op == "stat":
+            elif kind == "stat":
                 self.env[n] = self.stat(n)
-            elif op == "block_attention":
+            elif kind == "block_attention":
                 self.env[n] = self.block_attention(n)
+            elif kind == "output":
+                self.env[n] = self.env[nodes[n]["args"][0]]
             else:
                 args = nodes[n]["args"]
                 self.env[n] = ops.apply(nodes[n], [self.env[a] for a in args], [nodes[a]["dims"] for a in args])
         for scan in self.c.classification.scans:
             if scan.state not in self.finals:
                 self.scan(scan.state)
-
 
     def stat(self, n: int) -> torch.Tensor:
         node = self.nodes[n]
@@ -115,20 +182,23 @@ class _Evaluator:
         """A direct operand's per-head factor as [H] (None when it has none)."""
         if n not in self.direct or self.direct[n][1] is None:
             return None
-        return self.env[self.direct[n][1]].to(self.call.compute_dtype).reshape(-1).expand(self.call.heads)
+        f = self.direct[n][1]
+        return self.consts[("factor", f)] if ("factor", f) in self.consts else self._factor(self.env[f])
+
+    def _factor(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.call.compute_dtype).reshape(-1).expand(self.call.heads).contiguous()
 
     def scan(self, state: str) -> None:
         """Run the scan of `state`, together with the scans the plan found fusable with it: those share keys,
         decay and queries, so one scan with their values side by side computes them all."""
-        group = next((g for g in self.c.plan.fusable if state in g), (state,))
-        scans = [self.c.classification.scan(name) for name in group]
+        scans = self.prog.groups[state]
         s = scans[0]
+        operand, call = self.operand, self.call
         reads, finals = scan_group(
-            self.scan_impl, (self.B, self.T, self.call.heads), key=self.operand(s.write_key),
-            values=[None if t.value_dim is None else self.operand(t.write_value) for t in scans],
-            erase=self.operand(s.erase_key), log_decay=self.operand(s.log_decay), side="value" if s.decay == "value" else "key",
-            reads=[(self.operand(r.query), r.decayed, r.written) for r in s.reads], h0=[self.call.initial_state[t.state] for t in scans],
-            cu_seqlens=self.call.cu_seqlens, chunk=self.c.plan.chunk[s.state], query_factors=[self.factor(r.query) for r in s.reads],
+            self.scan_impl, (self.B, self.T, call.heads), operand(s.write_key),
+            [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay),
+            "value" if s.decay == "value" else "key", [(operand(r.query), r.decayed, r.written) for r in s.reads],
+            [call.initial_state[t.state] for t in scans], call.cu_seqlens, self.c.plan.chunk[s.state], [self.factor(r.query) for r in s.reads],
         )  # fmt: skip
         for t, outs, final in zip(scans, reads, finals):
             for r, o in zip(t.reads, outs):
@@ -136,8 +206,9 @@ class _Evaluator:
             self.finals[t.state] = final
 
 
-def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """o [B, T, H, V] and the final states [N, H, *dims], in the compute dtype."""
-    ev = _Evaluator(compiled, call, scan_impl, direct)
+def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None, prog: _Program | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """o [B, T, H, V] and the final states [N, H, *dims], in the compute dtype (prog: program(compiled, direct), when
+    the caller keeps it)."""
+    ev = _Evaluator(compiled, call, scan_impl, direct, prog)
     ev.run()
     return ev.env[compiled.graph.output], [ev.finals[n] for n in compiled.graph.states]

@@ -19,7 +19,7 @@ import jinja2
 import torch
 
 from ..autotune import Config, _pow2, default_config, device_name, entry_key, lookup, shape_bucket
-from ..call import Call
+from ..call import Call, remember
 from ..compiler import Compiled
 from . import torch as torch_backend
 from .torch import ScanOperands
@@ -37,7 +37,7 @@ def unsupported(compiled: Compiled, sizes: dict[str, int] | None = None) -> list
     why this call cannot."""
     reasons = []
     for s in compiled.classification.scans:
-        if s.rule != "additive":
+        if s.rule not in ("additive", "delta"):
             reasons.append(f"state {s.state}: the {s.rule} rule has no Triton template yet")
         elif len(s.reads) > 1:
             reasons.append(f"state {s.state}: more than one read of one state has no Triton template yet")
@@ -92,7 +92,7 @@ def _read_mode(decayed: bool, written: bool) -> str:
 
 
 def template_config(scan) -> tuple[str, str]:
-    """The (decay, read) a classified scan renders scan_additive with (a constant decay runs as a scalar one)."""
+    """The (decay, read) an additive scan renders its template with (a constant decay runs as a scalar one)."""
     decay = {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key", "value": "value"}[scan.decay]
     return decay, _read_mode(scan.reads[0].decayed, scan.reads[0].written)
 
@@ -108,9 +108,8 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
 @torch.library.custom_op("lamixer::additive_scan", mutates_args=())
 def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on rendered kernels: (o, final state).
-
-    qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
+    """S_t = S_{t-1} diag(exp(g_t)) + a_t b_t^T (a decay along the value dim), o_t = (qs_h q_t)^T S_read(t) on
+    scan_additive's kernels: (o, final state). qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
@@ -146,7 +145,7 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
 def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
                            cu_seqlens: torch.Tensor | None, ht: torch.Tensor, o: torch.Tensor | None, do: torch.Tensor, dht: torch.Tensor,
                            decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, da, db, dg, dh0) of additive_scan; dg is empty without a decay."""
+    """(dq, da, db, dg, dh0) of additive_scan."""
     mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
@@ -159,7 +158,7 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     c = Config.from_list(cfg)
     split = bool(c.split)
     # the state at every segment end: for d(log decay), and as the starting points of a split walk
-    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if decay != "none" or split else None
+    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device)
     dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
     dq_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dq")
     common = dict(H=H, K=K, V=V, BT=c.BT, P=SEGMENT, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(c))
@@ -170,19 +169,19 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
         )  # fmt: skip
     dq_kernel[(triton_cdiv(K, c.BK), N * H, NS if split else 1)](
         q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
-        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=hs is not None and not split, SPLIT=split, **common,
+        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=not split, SPLIT=split, **common,
     )  # fmt: skip
     BV = c.BV
     NV = triton_cdiv(V, BV)
     da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
-    # a value-dim decay's whole-segment term is over V, each value block writing its own columns
-    dgs = torch.empty(*((1, N, NS, H, V) if decay == "value" else (NV, N, NS, H, K)), dtype=acc, device=a.device) if decay != "none" else None
+    # each segment's whole-decay term is over V, each value block writing its own columns
+    dgs = torch.empty(N, NS, H, V, dtype=acc, device=a.device)
     db = torch.empty_like(b)
     dh0 = torch.empty_like(h0)
     dht = dht.contiguous()
     dab_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dab")
     dhs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if split else None
-    strides = (B * T * H * K, N * NS * H * K)
+    strides = (B * T * H * K,)
     if split:  # the reverse state pass: dS at every segment end
         dab_kernel[(NV, N * H, 1)](
             q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
@@ -193,12 +192,8 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
         USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, SPLIT=split, COMPUTE_DAB=True, STORE_DHS=False, **common,
     )  # fmt: skip
     da = da.sum(0)
-    if g is None:
-        dg = q.new_empty(0)
-    elif decay == "value":  # the output and b carry the decay on the value side: o * do - b * db
-        dg = _decay_grad(o, do, b, db, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
-    else:
-        dg = _decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay).to(g.dtype)
+    # the output and b carry the decay on the value side: o * do - b * db
+    dg = _decay_grad(o, do, b, db, dgs, cu_seqlens, read, decay).to(g.dtype)
     return dq.to(q.dtype), da.to(a.dtype), db, dg, dh0
 
 
@@ -215,6 +210,15 @@ def family(decay: str) -> str:
     return "chunk_additive" if decay in CHUNK_DECAYS else "scan_additive"
 
 
+def kernel_names(decay: str) -> list[str]:
+    """The kernels an additive scan with this decay renders, in launch order."""
+    if decay not in CHUNK_DECAYS:
+        return ["fwd_kernel", "bwd_kernel_dq", "bwd_kernel_dab"]
+    if decay == "key":
+        return ["state_fwd", "cumsum_fwd", "scores_fwd", "output_fwd", "state_bwd", "grads_bwd", "strips_bwd", "decay_bwd"]
+    return ["state_fwd", "output_fwd", "state_bwd", "grads_bwd"]
+
+
 def _chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, BT: int) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
     """(number of chunks, chunk_indices [chunks, 2] = (sequence, chunk within it), chunk_offsets [N + 1] = each
     sequence's first chunk); the two tensors only for packed sequences."""
@@ -228,19 +232,27 @@ def _chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, BT: int) -> tuple[i
     return total, torch.stack([seq, within], 1).to(torch.int32).contiguous(), offsets.to(torch.int32)
 
 
+def _chunk_cumsum(mod, g: torch.Tensor, cu_seqlens, indices, NC: int, BT: int) -> torch.Tensor:
+    """The inclusive cumulative log decay within each chunk, float32 [B, T, H, K]."""
+    B, T, H, K = g.shape
+    Bc = torch.empty(B, T, H, K, dtype=torch.float64 if g.dtype == torch.float64 else torch.float32, device=g.device)
+    getattr(mod, f"{mod.NAME}_cumsum_fwd")[(1, NC, H)](
+        g, Bc, cu_seqlens, indices, T, H=H, K=K, V=1, BT=BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, num_warps=4)
+    return Bc
+
+
 def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype) -> torch.dtype:
     """States kept per chunk for the parallel kernels: in the inputs' precision when it is a half type (their
     dots read them in it anyway), else in the accumulator's."""
     return x.dtype if x.dtype in (torch.bfloat16, torch.float16) else acc
 
 
-def _precision(x: torch.Tensor) -> str:
-    return "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
+PRECISION = "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
 
 
-@torch.library.custom_op("lamixer::chunk_scan", mutates_args=())
-def chunk_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
-               h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str,
+                   cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on chunk_additive's kernels.
 
     Returns (o, final state, hs: the state entering each chunk, A: each chunk's scores under a decay along
@@ -255,18 +267,22 @@ def chunk_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: tor
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
     hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype), device=b.device)
     A = torch.empty(B, T, H, c.BT if decay == "key" else 0, dtype=h0.dtype, device=b.device)
-    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(a))
+    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H)](
             a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages, **common)
     if NC * H:
         if decay == "key":
-            getattr(mod, f"{mod.NAME}_scores_fwd")[(1, NC, H)](
-                q, qs, a, g, A, cu_seqlens, indices, T, BC=STRIP, USE_QS=qs is not None, num_warps=c.num_warps, **common)
+            Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
+            getattr(mod, f"{mod.NAME}_scores_fwd")[((c.BT // STRIP) ** 2, NC, H)](
+                q, qs, a, g, Bc, A, cu_seqlens, indices, T, BC=STRIP, USE_QS=qs is not None, num_warps=4, **common)
         getattr(mod, f"{mod.NAME}_output_fwd")[(triton_cdiv(V, c.BV), NC, H)](
             q, qs, a, b, g, A, hs, o, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
             num_stages=c.num_stages, **common)  # fmt: skip
     return o, ht, hs, A
+
+
+chunk_scan = torch.library.custom_op("lamixer::chunk_scan", _chunk_forward, mutates_args=())
 
 
 @chunk_scan.register_fake
@@ -280,8 +296,7 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
             h0.new_empty(B, T, H, BT if decay == "key" else 0))  # fmt: skip
 
 
-@torch.library.custom_op("lamixer::chunk_scan_backward", mutates_args=())
-def chunk_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
                         h0: torch.Tensor, cu_seqlens: torch.Tensor | None, hs: torch.Tensor, A: torch.Tensor, do: torch.Tensor,
                         dht: torch.Tensor, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dg, dh0) of chunk_scan; dg is empty without a decay."""
@@ -297,7 +312,7 @@ def chunk_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
     dh0 = torch.empty_like(h0)
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
-    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=_precision(a))
+    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H)](
             q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=c.num_stages, **common)
@@ -310,12 +325,19 @@ def chunk_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
         dgs = torch.empty(NC, H, K, dtype=acc, device=a.device)
         grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq_part, da_part, db, None, dA, dgs, cu_seqlens, indices, T,
                           BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
-        getattr(mod, f"{mod.NAME}_strips_bwd")[(1, NC, H)](
-            q, qs, a, g, dA, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, BC=STRIP, num_warps=c.num_warps, **common)
+        Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
+        getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
+            q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, num_warps=4, **common)
+        common.pop("PRECISION")
+        getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
+            q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
     else:
         grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, None, None, cu_seqlens, indices, T,
                           BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
     return dq, da, db, dg, dh0
+
+
+chunk_scan_backward = torch.library.custom_op("lamixer::chunk_scan_backward", _chunk_backward_impl, mutates_args=())
 
 
 @chunk_scan_backward.register_fake
@@ -323,31 +345,59 @@ def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg):
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
 
 
-def _chunk_setup_context(ctx, inputs, output):
+def _chunk_save(ctx, inputs, hs, A) -> None:
     q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
-    ctx.mark_non_differentiable(output[2], output[3])
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[2], output[3])
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A)
     ctx.config = (decay, read, cfg)
 
 
-def _chunk_backward(ctx, do, dht, _dhs, _dA):
+def _chunk_grads(ctx, do, dht, backward) -> tuple:
+    """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
     q, qs, a, b, g, h0, cu_seqlens, hs, A = ctx.saved_tensors
     if do is None:
         do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=b.dtype, device=b.device)
     if dht is None:
         dht = torch.zeros_like(h0)
-    dq, da, db, dg, dh0 = chunk_scan_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
+    dq, da, db, dg, dh0 = backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
     return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
 
 
-chunk_scan.register_autograd(_chunk_backward, setup_context=_chunk_setup_context)
+def _chunk_setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[2], output[3])
+    _chunk_save(ctx, inputs, output[2], output[3])
+
+
+chunk_scan.register_autograd(lambda ctx, do, dht, _dhs, _dA: _chunk_grads(ctx, do, dht, chunk_scan_backward),
+                             setup_context=_chunk_setup_context)  # fmt: skip
+
+
+class _EagerChunkScan(torch.autograd.Function):
+    """The same as the custom op, without its dispatch (tens of microseconds a call) outside torch.compile."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        o, ht, hs, A = _chunk_forward(*inputs)
+        _chunk_save(ctx, inputs, hs, A)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        return _chunk_grads(ctx, do, dht, _chunk_backward_impl)
+
+
+def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final state): through the custom op when torch.compile traces, else straight to the kernels."""
+    if torch.compiler.is_compiling():
+        return chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)[:2]
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, a, b, g, h0)):
+        return _EagerChunkScan.apply(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)
+    return _chunk_forward(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)[:2]
 
 
 def _setup_context(ctx, inputs, output):
     q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
-    o = output[0] if decay == "value" else None  # a value-dim decay's gradient reads the output
-    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1], o)
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1], output[0])  # d(log decay) reads the output
     ctx.config = (decay, read, cfg)
 
 
@@ -416,6 +466,8 @@ def triton_cdiv(a: int, b: int) -> int:
 def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The scan on generated kernels: q, a, b contiguous [B, T, H, D] in `dtype` (the caller's tensors
     pass through untouched when they already are); decay and state in float32 (float64 when the inputs are)."""
+    if ops.c is not None:  # the delta rule: its own template and host code
+        return triton_delta.triton_delta_scan(ops, dtype)
     ((q, decayed, written),) = ops.reads
     (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -433,7 +485,7 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
     read = _read_mode(decayed, written)
     config = scan_config(decay, read, _ACC[acc], dtype, a.shape[0], a.shape[1], a.shape[2], a.shape[3], b.shape[3], a.device)
     if decay in CHUNK_DECAYS:
-        o, ht, _, _ = chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+        o, ht = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     else:
         o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     return [o], ht
@@ -493,8 +545,29 @@ def direct_operands(compiled: Compiled, call: Call) -> dict[int, tuple[str, int 
 
 
 def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if call.memo is None:
+        return torch_backend.run(compiled, call, *_choices(compiled, call, interpreted))
+    from . import recurrent
+
+    # the choices depend on nothing but the signature, the grad mode and whether the recurrent kernel takes the length
+    key = ("triton", torch.is_grad_enabled(), call.longest <= recurrent.MAX_T, interpreted)
+    choices = call.memo.get(key)
+    if choices is None:
+        choices = remember(call.memo, key, _choices(compiled, call, interpreted))
+    return torch_backend.run(compiled, call, *choices)
+
+
+def _choices(compiled: Compiled, call: Call, interpreted: bool) -> tuple:
+    """(scan implementation, direct operands, evaluation program) for this call."""
     dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
-    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
+    if dtype == torch.bfloat16 and interpreted:
         dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits
     direct = direct_operands(compiled, call)
-    return torch_backend.run(compiled, call, scan_impl=functools.partial(triton_scan, dtype=dtype), direct=direct)
+    from . import recurrent  # inference on short sequences: the recurrent kernel (see its module)
+
+    scan_impl = functools.partial(recurrent.scan if recurrent.serves(compiled, call) else triton_scan, dtype=dtype)
+    return scan_impl, direct, torch_backend.program(compiled, direct)
+
+
+from . import triton_delta  # noqa: E402  (the delta rule's kernels; it uses the helpers above)

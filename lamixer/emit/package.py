@@ -7,7 +7,7 @@ torch (and triton, when its kernels run):
     <name>/mixer.py      the mixer: its call and its kernel plan written out (lamixer/emit/mixer.py)
     <name>/layer.py      Layer, from the spec's layer section (lamixer/emit/layer.py)
     <name>/scans.py      the scans on the Triton kernels (lamixer/emit/kernels.py)
-    <name>/kernels/      the rendered kernels, float32, and their host code (host.py)
+    <name>/kernels/      the rendered kernels, float32, and their host code (host*.py)
     <name>/runtime/      lamixer/runtime, copied verbatim: the torch fallback's scans, call binding, layer blocks
     <name>/README.md     the API, the classification and plan, the files
 
@@ -21,6 +21,7 @@ import keyword
 import sys
 from importlib import resources
 
+from ..backends.recurrent import MAX_T
 from ..compiler import Compiled
 from ..explain import report
 from . import kernels as kernels_mod
@@ -49,7 +50,7 @@ def files(specs: list[Compiled], shared: bool, top: str = "DIR") -> dict[str, st
     imported as `top`)."""
     out: dict[str, str] = {}
     up = ".." if shared else "."
-    all_configs: set[tuple[str, str]] = set()
+    all_configs: set[str] = set()
     packages = []
     for c in specs:
         pkg = package_name(c.name)
@@ -59,7 +60,7 @@ def files(specs: list[Compiled], shared: bool, top: str = "DIR") -> dict[str, st
         function = src.Names(mixer_mod.MODULE_NAMES).claim(c.name)
         missing = kernels_mod.unsupported(c)
         out[f"{pkg}/__init__.py"] = _init(c, function, up)
-        out[f"{pkg}/mixer.py"] = mixer_mod.module(c, up + "runtime", missing)
+        out[f"{pkg}/mixer.py"] = mixer_mod.module(c, up + "runtime", bool(configs))
         if c.graph.layer is not None:
             out[f"{pkg}/layer.py"] = layer_mod.module(c, up + "runtime", function)
         if configs:
@@ -87,11 +88,10 @@ def _support(configs) -> dict[str, str]:
     """runtime/ and, when there are kernels, kernels/: what a package (or a shared layout) carries besides its own modules."""
     out = {f"runtime/{name}": text for name, text in runtime_files().items()}
     if configs:
-        out["kernels/__init__.py"] = '"""Triton kernels rendered by lamixer (one module per configuration) and their host code (host.py)."""\n'
-        out["kernels/host.py"] = kernels_mod.host_source()
-        for decay, read in configs:
-            name, text = kernels_mod.kernel_module(decay, read)
-            out[f"kernels/{name}.py"] = text
+        out["kernels/__init__.py"] = '"""Triton kernels rendered by lamixer (one module per configuration) and their host code (host*.py)."""\n'
+        out.update({f"kernels/{name}": text for name, text in kernels_mod.host_files().items()})
+        for name in configs:
+            out[f"kernels/{name}.py"] = kernels_mod.kernel_module(name)
     return out
 
 
@@ -165,11 +165,17 @@ def _readme(c: Compiled, pkg: str, function: str, configs, missing: list[str], s
             "  `initial_state(batch)`; a `LayerState` carries the mixer's states, the convolution caches and the tokens seen.",
         ]
     lines += ["", "## What it runs", "", "```", *report(c), "```", ""]
-    if missing:
+    chunk = [f"`{name}.py`" for name in configs if not name.startswith("recurrent_")]
+    rec = [f"`{name}.py`" for name in configs if name.startswith("recurrent_")]
+    short = f"inference (no gradient) on sequences of at most {MAX_T} tokens, decoding included"
+    if not configs:
         lines.append("Every call runs on the torch fallback: " + "; ".join(missing) + ".")
+    elif missing:
+        lines.append(f"On CUDA, {short}, runs on the recurrent kernel in `{where}kernels/` ({', '.join(rec)}, float32 accumulation); "
+                     "every other call runs on the torch fallback: " + "; ".join(missing) + ".")  # fmt: skip
     else:
-        lines.append("On CUDA the scans run on the kernels in `" + where + "kernels/` (" + ", ".join(f"`{kernels_mod.module_name(d, r)}.py`" for d, r in configs)
-                     + ", float32 accumulation); float64 calls and calls with a head dim above 256 run on the torch fallback.")  # fmt: skip
+        lines.append(f"On CUDA the scans run on the kernels in `{where}kernels/`, float32 accumulation: {', '.join(chunk)}, and for {short}, "
+                     f"{', '.join(rec)}. Float64 calls and calls with a head dim above 256 run on the torch fallback.")  # fmt: skip
     lines += [
         "",
         "## Files",
@@ -179,6 +185,6 @@ def _readme(c: Compiled, pkg: str, function: str, configs, missing: list[str], s
     if g.layer is not None:
         lines.append("- `layer.py`: `Layer`, the layer section's construction and steps written out.")
     if configs:
-        lines.append(f"- `scans.py`: the scans on the Triton kernels; `{where}kernels/`: the rendered kernels and their host code (`host.py`).")
+        lines.append(f"- `scans.py`: the scans on the Triton kernels; `{where}kernels/`: the rendered kernels and their host code (`host*.py`).")
     lines.append(f"- `{where}runtime/`: lamixer's torch runtime, copied verbatim: the chunkwise scans (the torch fallback), call binding, layer blocks.")
     return "\n".join(lines) + "\n"

@@ -191,6 +191,19 @@ def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
     return outs, torch.cat([r[1] for r in results], 0)
 
 
+def _operand(x, B: int, T: int, H: int, width: int | None = None):
+    """A scan operand as [B, T, H, width] (width None: its own last axis; a scalar is one column), as it is when it already is."""
+    if x is None:
+        return None
+    shape = x.shape
+    if len(shape) == 3:
+        x = x.unsqueeze(-1)
+        shape = x.shape
+    if shape[0] == B and shape[1] == T and shape[2] == H and (width is None or shape[3] == width):
+        return x
+    return x.expand(B, T, H, shape[3] if width is None else width)
+
+
 def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_seqlens, chunk, query_factors=None):
     """Run one state's scan, or one scan for several states that share key, decay and queries (their values side by side).
 
@@ -203,27 +216,27 @@ def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_s
     states ([N, H, K, V], or [N, H, K]).
     """
     B, T, H = shape
-
-    def operand(x, width=None):  # -> [B, T, H, width] (width None: the operand's own last axis)
-        if x is None:
-            return None
-        x = x.unsqueeze(-1) if x.dim() == 3 else x
-        return x.expand(B, T, H, x.shape[-1] if width is None else width)
-
     K = h0[0].shape[2]
-    a = operand(key, K)
-    bs = [a.new_ones(B, T, H, 1) if v is None else operand(v, s.shape[3]) for v, s in zip(values, h0)]
-    h0s = [s.unsqueeze(-1) if v is None else s for v, s in zip(values, h0)]
+    a = _operand(key, B, T, H, K)
+    if len(values) == 1:  # the common case: one state, nothing to concatenate
+        b = a.new_ones(B, T, H, 1) if values[0] is None else _operand(values[0], B, T, H, h0[0].shape[3])
+        h = h0[0].unsqueeze(-1) if values[0] is None else h0[0]
+    else:
+        b = torch.cat([a.new_ones(B, T, H, 1) if v is None else _operand(v, B, T, H, s.shape[3]) for v, s in zip(values, h0)], -1)
+        h = torch.cat([s.unsqueeze(-1) if v is None else s for v, s in zip(values, h0)], -1)
     operands = ScanOperands(
-        a=a, b=bs[0] if len(bs) == 1 else torch.cat(bs, -1), c=operand(erase, K), g=operand(log_decay), side=side,
-        reads=[(operand(q, K), decayed, written) for q, decayed, written in reads],
-        query_factors=query_factors or [None] * len(reads),
-        h0=h0s[0] if len(h0s) == 1 else torch.cat(h0s, -1), cu_seqlens=cu_seqlens, chunk=chunk,
+        a, b, _operand(erase, B, T, H, K), _operand(log_decay, B, T, H), side,
+        [(_operand(q, B, T, H, K), decayed, written) for q, decayed, written in reads],
+        query_factors or [None] * len(reads), h, cu_seqlens, chunk,
     )  # fmt: skip
     outs, S = scan(operands)
+    if len(values) == 1:  # the common case, without slicing
+        if values[0] is None:
+            return [[o.squeeze(-1) for o in outs]], [S.squeeze(-1)]
+        return [outs], [S]
     read_parts, finals, lo = [], [], 0
-    for v, b in zip(values, bs):
-        width = b.shape[-1]
+    for v, s in zip(values, h0):
+        width = 1 if v is None else s.shape[3]
         parts = [o[..., lo : lo + width] for o in outs] + [S[..., lo : lo + width]]
         parts = [p.squeeze(-1) for p in parts] if v is None else parts
         read_parts.append(parts[:-1])

@@ -1,0 +1,166 @@
+"""The fused recurrent scan: every classified scan token by token on one rendered kernel, forward only.
+
+It serves inference on short sequences and decoding: the Triton backend runs a call's scans here
+when no gradient is asked for and no sequence is longer than MAX_T tokens, for the additive and the
+delta rule alike (it needs no chunk template, so it also runs specs whose rule has none). When
+autograd needs gradients the chunk kernels run, as before.
+
+Why MAX_T = 64: the recurrent kernel does the O(T K V) work of the state update and nothing else,
+in T dependent steps of one multiply-add on a register-resident [K, BV] state block; a chunk
+kernel does the same state work plus O(T^2 (K + V)) intra-chunk scores, in one chunk up to 64
+tokens (16 for a per-dim decay), and its host side converts and copies operands in torch. Up to
+about one chunk the T short dependent steps cost no more than a chunk does, so below 64 tokens the
+recurrent kernel does less work with fewer launches; beyond it the chunk kernels' parallel form wins
+as T grows. FLA's layers switch at the same length (fused_recurrent when seq_len <= 64). The
+threshold is a reasoned default, not yet timed on a GPU.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..call import Call
+from ..compiler import Compiled
+from .torch import ScanOperands
+
+MAX_T = 64  # the longest sequence the recurrent kernel takes (see the module docstring)
+MAX_HEAD_DIM = 256  # a whole key column of the state sits in one program's registers
+
+
+def serves(compiled: Compiled, call: Call) -> bool:
+    """Whether this call's scans run on the recurrent kernel: no gradient is asked for, no sequence is longer
+    than MAX_T and every scan's key dim fits a program's registers."""
+    if call.longest > MAX_T:
+        return False
+    if torch.is_grad_enabled() and (any(t.requires_grad for t in call.inputs.values())
+                                    or any(s.requires_grad for s in call.initial_state.values())):  # fmt: skip
+        return False
+    return all(call.sizes[s.key_dim] <= MAX_HEAD_DIM for s in compiled.classification.scans)
+
+
+def _read_mode(decayed: bool, written: bool) -> str:
+    return "after" if written else ("mid" if decayed else "before")
+
+
+_READS = {((True, True),): "after"}
+
+
+def _reads(modes: tuple[tuple[bool, bool], ...]) -> str:
+    """The reads' positions joined by "_" (as the template takes them)."""
+    found = _READS.get(modes)
+    return found if found is not None else "_".join(_read_mode(dec, wr) for dec, wr in modes)
+
+
+def template_config(scan) -> tuple[str, str, str]:
+    """The (rule, decay, reads) a classified scan renders templates/recurrent.py.jinja with."""
+    decay = {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key", "value": "value"}[scan.decay]
+    return scan.rule, decay, "_".join(_read_mode(r.decayed, r.written) for r in scan.reads)
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+# num_warps for a [BK, BV] state block, and the widest value block per BK: from ptxas's register counts for sm_90
+# (bench/recurrent_registers.py, no GPU needed), the choices with no spills and at most ~100 registers a thread for
+# every rule and decay kind; other shapes of the same size can take 255 registers and spill. Not yet timed.
+WARPS = {(16, 16): 2, (16, 32): 2, (16, 64): 2, (32, 16): 2, (32, 32): 4, (32, 64): 2, (64, 16): 4, (64, 32): 2,
+         (128, 16): 4, (128, 32): 4, (256, 16): 8}  # fmt: skip
+WIDEST = {16: 64, 32: 64, 64: 32, 128: 32, 256: 16}
+
+
+def blocks(K: int, V: int, programs: int, device: torch.device) -> tuple[int, int, int]:
+    """(BK, BV, num_warps): the whole key dim, the widest value block WIDEST allows, narrowed (down to 16) while the
+    (value block, sequence x head) programs fill fewer than two waves of the GPU's multiprocessors."""
+    BK = _pow2(K)
+    BV = min(_pow2(V), WIDEST[BK])
+    while BV > 16 and programs * -(-V // BV) < 2 * _multiprocessors(device):
+        BV //= 2
+    return BK, BV, WARPS[(BK, BV)]
+
+
+def _strides(x: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """(batch, time, head, dim) strides of a [B, T, H, D] operand (D may be 1: a scalar)."""
+    return (0, 0, 0, 0) if x is None else tuple(x.stride())
+
+
+def _ACC(dtype: torch.dtype) -> str:
+    return {torch.float32: "float32", torch.float64: "float64"}[dtype]
+
+
+@functools.lru_cache(maxsize=1024)
+def _kernel(rule: str, decay: str, reads: str, acc: torch.dtype, K: int, V: int, programs: int, device: torch.device):
+    """(the jitted kernel, BK, BV, num_warps) for one configuration and shape: looked up once per shape."""
+    from .triton import kernels
+
+    mod = kernels("recurrent", rule=rule, decay=decay, reads=reads, acc=_ACC(acc))
+    return (getattr(mod, f"{mod.NAME}_kernel"), *blocks(K, V, programs, device))
+
+
+def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
+           g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
+           out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Run the kernel: o [R, B, T, H, V] in out_dtype (one slab per read) and the final state [N, H, K, V] in h0's dtype."""
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    device = b.device
+    kernel, BK, BV, warps = _kernel(rule, decay, reads, h0.dtype, K, V, N * H, device)
+    o = torch.empty(len(queries), B, T, H, V, dtype=out_dtype, device=device)
+    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=device)
+    strides = [s for x in (*queries, a, b, c, g) for s in _strides(x)]
+    kernel[(-(-V // BV), N * H)](
+        *queries, qs, a, b, c, g, h0, o, ht, cu_seqlens, T, B * T * H * V, *strides,
+        H=H, K=K, V=V, BK=BK, BV=BV, USE_QS=qs is not None, USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None,
+        num_warps=warps,
+    )  # fmt: skip
+    return o, ht
+
+
+@torch.library.custom_op("lamixer::recurrent_scan", mutates_args=())
+def recurrent_scan(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
+                   g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
+                   out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S <- D_t S;  S <- S + a_t (b_t + S^T c_t)^T;  o_t = (qs q_t)^T S at each read's position, token by token.
+
+    queries: one [B, T, H, K] per read (positions `reads`, joined by "_"); qs: per-head query factors [R, H] or None;
+    a, c: [B, T, H, K]; b: [B, T, H, V]; g: [B, T, H, 1] (scalar), [.., K] (key) or [.., V] (value), each in any
+    dtype and with any strides (broadcast operands need no copy). Forward only: the chunk kernels serve autograd."""
+    return launch(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype)
+
+
+@recurrent_scan.register_fake
+def _(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype):
+    B, T, H, K = a.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return b.new_empty(len(queries), B, T, H, b.shape[-1], dtype=out_dtype), h0.new_empty(N, H, K, b.shape[-1])
+
+
+def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One state's scan on the recurrent kernel: ([o per read] in `dtype`, final state in float32, float64 when
+    the inputs are). Operands go in as they are, in their dtype and strides: the kernel converts as it loads."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    g = ops.g
+    decay = "none" if g is None else "value" if ops.side == "value" else "scalar" if g.shape[-1] == 1 else "key"
+    queries = [q for q, _, _ in ops.reads]
+    reads = _reads(tuple((dec, wr) for _, dec, wr in ops.reads))
+    factors = ops.query_factors
+    if len(factors) == 1:
+        qs = factors[0]
+        qs = None if qs is None else (qs if qs.dtype == acc else qs.to(acc)).contiguous()
+    elif all(f is None for f in factors):
+        qs = None
+    else:
+        qs = torch.stack([f.to(acc) if f is not None else torch.ones(ops.a.shape[2], dtype=acc, device=ops.a.device) for f in factors])
+    h0 = (ops.h0 if ops.h0.dtype == acc else ops.h0.to(acc)).contiguous()
+    rule = "additive" if ops.c is None else "delta"
+    args = (queries, qs, ops.a, ops.b, ops.c, ops.g, h0, ops.cu_seqlens, rule, decay, reads, dtype)
+    # eager calls skip the custom op's dispatch (it serves torch.compile's tracing, which sees the op)
+    o, ht = recurrent_scan(*args) if torch.compiler.is_compiling() else launch(*args)
+    return ([o[0]] if len(queries) == 1 else list(o.unbind(0))), ht

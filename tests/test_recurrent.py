@@ -1,0 +1,229 @@
+"""The recurrent kernel (templates/recurrent.py.jinja) under TRITON_INTERPRET=1 (set in conftest).
+
+Every shipped spec and example runs its scans token by token against the interpreter in float64:
+outputs and final states, T = 1, 5 and 37, packed sequences, initial states, strong and weak gates;
+several reads of one state; which calls it serves (inference up to 64 tokens) and which it leaves
+to the chunk kernels; low precision; torch.compile; layers decoding on it.
+"""
+import ast
+import os
+
+import pytest
+import torch
+
+import lamixer
+from lamixer.backends import recurrent
+from lamixer.backends import triton as triton_backend
+from lamixer.check import random_call, rel_rms
+
+TOL = 1e-12  # float64 all the way: only summation order differs from the interpreter
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "specs")
+SPECS = lamixer.shipped_specs() + sorted(os.path.join(EXAMPLES, f) for f in os.listdir(EXAMPLES) if f.endswith(".lam"))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The (rule, decay, reads) of every recurrent launch; a chunk kernel launch fails the test."""
+    seen = []
+    launch = recurrent.launch
+
+    def spy(queries, qs, a, b, c, g, h0, cu, rule, decay, reads, out_dtype):
+        seen.append((rule, decay, reads))
+        return launch(queries, qs, a, b, c, g, h0, cu, rule, decay, reads, out_dtype)
+
+    def chunk(*args):
+        raise AssertionError("a chunk kernel ran where the recurrent kernel should")
+
+    monkeypatch.setattr(recurrent, "launch", spy)
+    monkeypatch.setattr(triton_backend, "additive_scan", chunk)
+    return seen
+
+
+def run(m, tensors, states, backend, cu=None, scale=None):
+    h0 = None if states is None else (states[0] if len(states) == 1 else states)
+    cu = None if cu is None else torch.tensor(cu)
+    with torch.no_grad():
+        o, finals = m(**tensors, initial_state=h0, output_final_state=True, cu_seqlens=cu, backend=backend, scale=scale)
+    return o, finals if isinstance(finals, tuple) else (finals,)
+
+
+def assert_matches(m, tensors, states, what, cu=None, scale=None, tol=TOL):
+    got, ref = run(m, tensors, states, "triton", cu, scale), run(m, tensors, states, "interpret", cu, scale)
+    errors = {"o": rel_rms(got[0], ref[0]), **{f"state {n}": rel_rms(a, b) for n, a, b in zip(m.states, got[1], ref[1])}}
+    bad = {k: f"{v:.1e}" for k, v in errors.items() if not v < tol}
+    assert not bad, f"{what}: {bad}"
+
+
+@pytest.mark.parametrize("name", SPECS, ids=os.path.basename)
+def test_matches_interpreter(name, launches):
+    m = lamixer.load(name)
+    for T, gate, cu in [(1, "normal", None), (5, "weak", None), (37, "strong", None), (None, "normal", [0, 3, 4, 20])]:
+        tensors, states = random_call(m, T=T or 1, H=2, gate=gate, cu_seqlens=cu, seed=T or 9)
+        assert_matches(m, tensors, states, f"{m.name} T={T} {gate} cu={cu}", cu)
+    assert len(launches) == 4 * (len(m.compiled.classification.scans) - sum(len(f) - 1 for f in m.compiled.plan.fusable))
+
+
+THREE_READS = """mixer three_reads
+dims K, V
+input q[K], p[K], k[K], v[V], g[K] in (-inf, 0), beta[] in (0, 1)
+param w[H, K]
+state S[K, V]
+let before = scale * q @ S
+S = exp(g) * S
+let mid = (w * p) @ S
+S = S + outer(beta * k, v - k @ S)
+out o = before + mid + q @ S
+"""
+
+
+def test_several_reads_of_one_state(launches):
+    """Reads before the update, between decay and write and after it, of a delta-rule state: one kernel, three outputs."""
+    m = lamixer.loads(THREE_READS)
+    assert [(r.decayed, r.written) for r in m.compiled.classification.scans[0].reads] == [(False, False), (True, False), (True, True)]
+    for T, cu in [(1, None), (37, None), (None, [0, 3, 4, 20])]:
+        tensors, states = random_call(m, T=T or 1, H=3, cu_seqlens=cu, seed=5, gate="strong")
+        assert_matches(m, tensors, states, f"T={T} cu={cu}", cu)
+    tensors, _ = random_call(m, T=6, H=2, seed=1, initial_state=False)
+    assert_matches(m, tensors, None, "no initial state, a scale", scale=0.3)
+    assert set(launches) == {("delta", "key", "before_mid_after")}
+
+
+def test_no_initial_state_and_scale(launches):
+    m = lamixer.load("gla")
+    tensors, _ = random_call(m, T=7, H=2, seed=1, initial_state=False)
+    assert_matches(m, tensors, None, "gla without a state", scale=0.3)
+
+
+def test_broadcast_operands_need_no_copy(launches, monkeypatch):
+    """Operands go to the kernel in their strides: a per-head constant decay (RetNet) and inputs that are views."""
+    m = lamixer.load("retnet")
+    tensors, states = random_call(m, B=2, T=5, H=3, seed=2)
+    tensors = {k: v.transpose(0, 1).contiguous().transpose(0, 1) for k, v in tensors.items()}  # [B, T] swapped in memory
+    assert not tensors["q"].is_contiguous()
+    strides = []
+    launch = recurrent.launch
+
+    def spy(queries, qs, a, b, c, g, *rest):
+        strides.append((queries[0].stride(), a.stride(), g.stride()))
+        return launch(queries, qs, a, b, c, g, *rest)
+
+    monkeypatch.setattr(recurrent, "launch", spy)
+    assert_matches(m, tensors, states, "retnet, strided inputs")
+    (q, a, g), *_ = strides
+    assert q == tensors["q"].stride() and a == tensors["k"].stride() and g[:2] == (0, 0)
+
+
+def test_serves_inference_up_to_64_tokens_and_leaves_the_rest_to_the_chunk_kernels(monkeypatch):
+    m = lamixer.load("simple_gla")
+    used = []
+    launch, chunk = recurrent.launch, triton_backend.run_chunk_scan
+    monkeypatch.setattr(recurrent, "launch", lambda *args: used.append("recurrent") or launch(*args))
+    monkeypatch.setattr(triton_backend, "run_chunk_scan", lambda *args: used.append("chunk") or chunk(*args))
+
+    def kernel(T=None, grad=False, enabled=True, cu=None):
+        used.clear()
+        tensors, states = random_call(m, B=1, T=T or 1, H=1, size=4, seed=0, cu_seqlens=cu)
+        tensors = {k: v.requires_grad_(grad) for k, v in tensors.items()}
+        with torch.set_grad_enabled(enabled):
+            m(**tensors, initial_state=states[0], cu_seqlens=None if cu is None else torch.tensor(cu), backend="triton")
+        return used
+
+    assert kernel(64) == ["recurrent"] and kernel(65) == ["chunk"]
+    assert kernel(None, cu=[0, 60, 100, 164]) == ["recurrent"]  # the longest sequence decides, not the packed length
+    assert kernel(None, cu=[0, 65, 70]) == ["chunk"]
+    assert kernel(5, grad=True) == ["chunk"]  # autograd needs the chunk kernels' backward
+    assert kernel(5, grad=True, enabled=False) == ["recurrent"]  # under no_grad, requires_grad does not matter
+    assert kernel(5) == ["recurrent"]  # nor with grad enabled when nothing requires it
+
+
+def test_the_delta_rule_runs_on_triton_kernels_for_inference(launches):
+    m = lamixer.load("gated_deltanet")
+    tensors, states = random_call(m, T=4, H=2, seed=0)
+    assert_matches(m, tensors, states, "gated_deltanet")
+    assert launches == [("delta", "scalar", "after")] * 1
+    grads = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+    o, _ = m(**grads, backend="triton")  # training: the delta rule's chunk kernels, not this one
+    assert o.requires_grad and len(launches) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_and_a_float32_gate(dtype, launches):
+    """q, k, v in half precision with a float32 gate: o in the input dtype, states in float32, converted as the kernel loads."""
+    m = lamixer.load("gla")
+    tensors, states = random_call(m, T=9, H=2, seed=3, dtype=torch.float32)
+    tensors = {k: v if k == "g" else v.to(dtype) for k, v in tensors.items()}
+    with torch.no_grad():
+        o, S = m(**tensors, initial_state=states[0], output_final_state=True, backend="triton")
+        ref, S_ref = m(**tensors, initial_state=states[0], output_final_state=True, backend="interpret")
+    assert o.dtype == dtype and S.dtype == torch.float32
+    assert rel_rms(o, ref) < 1e-2 and rel_rms(S, S_ref) < 1e-5
+
+
+def test_head_dims_up_to_256(launches):
+    m = lamixer.load("gated_deltanet")
+    tensors, states = random_call(m, B=1, T=2, H=1, size=256, seed=0, distinct=False)
+    tensors = {k: v[..., :20] if k == "v" else v for k, v in tensors.items()}
+    assert_matches(m, tensors, (states[0][..., :20],), "K = 256")
+    big, _ = random_call(m, B=1, T=2, H=1, size=257, seed=0, initial_state=False, distinct=False)
+    with torch.no_grad(), pytest.raises(lamixer.ArgumentError, match="above the kernels' 256"):
+        m(**big, backend="triton")
+
+
+def test_torch_compile_fullgraph_traces_the_custom_op():
+    m = lamixer.load("gated_deltanet")
+    tensors, states = random_call(m, T=1, H=2, seed=3, dtype=torch.float32)
+    ops = []
+
+    def backend(gm, inputs):
+        ops.extend(n.target for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    def step(q, k, v, g, beta, S):
+        return m(q, k, v, g, beta, initial_state=S, output_final_state=True, backend="triton")
+
+    with torch.no_grad():
+        o, S = step(*tensors.values(), states[0])
+        o2, S2 = torch.compile(step, fullgraph=True, backend=backend)(*tensors.values(), states[0])
+    assert torch.ops.lamixer.recurrent_scan.default in ops
+    assert torch.equal(o, o2) and torch.equal(S, S2)
+
+
+HIDDEN, HEADS = 16, 2
+SMALL = {"gated_deltanet": {"head_dim": 8}, "gsa": {"M": 4}, "mamba2": {"d_state": 4}, "gla": {"gate_rank": 4}, "rwkv6": {"decay_rank": 4, "mix_rank": 4}}
+STATEFUL = [n for n in lamixer.shipped_specs() if lamixer.Layer(n, HIDDEN, HEADS, **SMALL.get(n, {})).stateful]
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_layer_prompt_then_steps_on_the_recurrent_kernel(name, launches):
+    """Layer.step decodes on the recurrent kernel and equals running the whole sequence (torch backend)."""
+    torch.manual_seed(0)
+    layer = lamixer.Layer(name, HIDDEN, HEADS, backend="triton", **SMALL.get(name, {})).double()
+    x = torch.randn(2, 9, HIDDEN, dtype=torch.float64)
+    with torch.no_grad():
+        y, state = layer(x[:, :5], return_state=True)
+        outs = [y]
+        for t in range(5, 9):
+            y_t, state = layer.step(x[:, t], state)
+            outs.append(y_t[:, None])
+        layer.backend = "torch"
+        whole = layer(x)
+    assert len(launches) == 5 * len(layer.mixer.compiled.classification.scans)
+    assert rel_rms(torch.cat(outs, 1), whole) < 1e-10
+
+
+def test_compiles_for_the_gpu_without_spills():
+    """The interpreter accepts more than the compiler: compile the heaviest variant (delta rule, per-key decay, three
+    reads, packed sequences aside) for sm_90 on this machine, in a process without TRITON_INTERPRET, and ask ptxas."""
+    pytest.importorskip("triton.backends.nvidia")
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, 'bench'); import recurrent_registers as r\n"
+            "from lamixer.backends.recurrent import WARPS\n"
+            "print(r.registers(r.compile_kernel('delta', 'key', 'before_mid_after', 128, 32, WARPS[(128, 32)])))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.join(os.path.dirname(__file__), "..")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env={**env, "PYTHONPATH": os.path.abspath(root)}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    regs, spills = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert spills == 0 and regs <= 128, (regs, spills)

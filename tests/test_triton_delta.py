@@ -1,0 +1,130 @@
+"""The delta rule's generated Triton kernels under TRITON_INTERPRET=1 (set in conftest) against the interpreter in
+float64: outputs, final states and every gradient (inputs and initial state), d(log decay) included."""
+import os
+
+import pytest
+import torch
+
+import lamixer
+from lamixer.autotune import Config
+from lamixer.backends import triton as triton_backend
+from lamixer.backends import triton_delta
+from lamixer.check import compare, random_call
+
+TOL = 1e-10  # measured: below 1e-13 on every case here
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "specs")
+DELTA = ["deltanet", "gated_deltanet", os.path.join(EXAMPLES, "gated_delta_vector.lam")]  # no decay, scalar, per key
+SIZE = 16  # head dims 16 and 17: masked key and value columns
+
+
+def _assert_close(c, what, tol=TOL):
+    bad = {k: f"{v:.2e}" for k, v in c.errors.items() if not v < tol}
+    assert not bad, f"{what}: {bad}"
+
+
+def _check(m, what, T=1, gate="normal", cu=None, seed=0, initial_state=True, B=2, size=SIZE):
+    tensors, states = random_call(m, B=B, T=T, H=2, size=size, gate=gate, seed=seed, cu_seqlens=cu, initial_state=initial_state)
+    _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=seed), what)
+
+
+def test_the_delta_specs_run_on_the_delta_template():
+    for name in DELTA:
+        c = lamixer.load(name).compiled
+        assert not triton_backend.unsupported(c) and c.classification.scans[0].rule == "delta", name
+    assert [triton_delta.template_config(lamixer.load(n).compiled.classification.scans[0]) for n in DELTA] == [
+        ("none", "after"), ("scalar", "after"), ("key", "after")]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", DELTA, ids=os.path.basename)
+@pytest.mark.parametrize("T,gate", [(1, "normal"), (37, "strong"), (150, "weak")])
+def test_delta_matches_interpreter(name, T, gate):
+    """One token, a chunk's tail, several chunks with a tail; strong and weak gates; initial states."""
+    _check(lamixer.load(name), f"{name} T={T} {gate}", T=T, gate=gate, seed=T)
+
+
+@pytest.mark.parametrize("name", DELTA, ids=os.path.basename)
+def test_delta_varlen(name):
+    """Packed sequences, one longer than a chunk and than the 64-token segments of d(log decay)."""
+    _check(lamixer.load(name), f"{name} varlen", cu=[0, 3, 90, 111], gate="strong", seed=4)
+
+
+def test_delta_without_an_initial_state():
+    _check(lamixer.load("gated_deltanet"), "no initial state", T=70, initial_state=False, seed=5)
+
+
+GENERAL = "mixer {name}\ndims K, V\ninput q[K], k[K], e[K], v[V]{gate}, beta[] in (0, 1)\nstate S[K, V]\n"
+READS = {  # a write key and an erase key that differ (a = beta k, c = -e; a = k, c = 0.5 e with the value scaled)
+    "before": "out o = scale * q @ S\n{decay}S = S + outer(beta * k, v - e @ S)\n",
+    "mid": "{decay}out o = scale * q @ S\nS = S + outer(beta * k, v - e @ S)\n",
+    "after": "{decay}S = S + outer(k, beta * v + 0.5 * e @ S)\nout o = q @ S\n",
+}
+
+
+@pytest.mark.parametrize("read,decay", [("before", "key"), ("mid", "scalar"), ("after", "none"), ("before", "none")])
+def test_any_read_position_and_distinct_write_and_erase_keys(read, decay):
+    """Nothing is special-cased on DeltaNet: reads before the update or between decay and write, a != c."""
+    gate = {"key": ", g[K] in (-inf, 0)", "scalar": ", g[] in (-inf, 0)", "none": ""}[decay]
+    body = READS[read].format(decay="S = exp(g) * S\n" if gate else "")
+    m = lamixer.loads(GENERAL.format(name=f"d_{read}_{decay}", gate=gate) + body)
+    (s,) = m.compiled.classification.scans
+    assert s.rule == "delta" and triton_delta.template_config(s) == (decay, read if gate or read == "after" else "before")
+    _check(m, f"read {read}, decay {decay}", T=40, gate="strong", seed=2)
+    _check(m, f"read {read}, decay {decay}, varlen", cu=[0, 5, 75, 90], gate="strong", seed=3)
+
+
+@pytest.mark.parametrize("BT,name", [(16, "gated_deltanet"), (32, "gated_deltanet"), (32, DELTA[2])], ids=["16-scalar", "32-scalar", "32-key"])
+def test_chunk_lengths_and_key_and_value_blocks(BT, name, monkeypatch):
+    """Chunks of one and two 16-token solve blocks (the defaults: 64 for a scalar decay, 16 per key); K = 20 and
+    V = 21 in two blocks each."""
+    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", Config(BT, 16, 16, 4, 1))
+    _check(lamixer.load(name), f"{name} BT={BT}", T=80, gate="strong", seed=BT, B=1, size=20)
+
+
+def test_half_inputs_keep_float32_states():
+    """bf16 q, k, v, beta with a float32 gate (run in float32 under the interpreter, as the additive family is)."""
+    m = lamixer.load("gated_deltanet")
+    tensors, states = random_call(m, T=80, H=2, size=SIZE, seed=3, dtype=torch.float32)
+    tensors = {k: v if k == "g" else v.to(torch.bfloat16) for k, v in tensors.items()}
+    o, S = m(**tensors, initial_state=states[0], output_final_state=True, backend="triton")
+    assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
+    c = compare(m, "triton", tensors, states, seed=3)
+    _assert_close(c, "bf16 inputs", tol=1e-3)  # measured: 4e-5 (gradients rounded to bf16 on both sides)
+
+
+def test_rendered_kernels_are_named_for_their_configuration():
+    source = triton_backend.render("scan_delta", decay="key", read="before", acc="float32")
+    assert "decay=key, read=before" in source
+    for kernel in triton_delta.KERNELS:
+        assert f"def scan_delta_key_before_float32_{kernel}(" in source
+
+
+def test_tuning_a_delta_spec_stores_under_its_kernel(tmp_path, monkeypatch):
+    from lamixer import autotune as at
+
+    monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
+    at._memo.clear()
+    triton_delta._chosen.clear()
+    m = lamixer.load("gated_deltanet")
+    trials, keys = at.tune(m, 1, 40, 2, 16, torch.float32, "cpu", limit=2)
+    assert all(t.error < 1e-3 and t.ms > 0 for t in trials)
+    assert len(keys) == 1 and triton_delta.kernel_hash("scalar", "after", "float32") in keys[0]
+    best = min(trials, key=lambda t: t.ms).config
+    assert triton_delta.scan_config("scalar", "after", "float32", torch.float32, 1, 40, 2, 16, 16, torch.device("cpu")) == best
+    at._memo.clear()
+    triton_delta._chosen.clear()
+
+
+def test_torch_compile_fullgraph_traces_the_delta_scan():
+    """The scan and its backward are custom ops with fake implementations: a traced call equals the eager one."""
+    m = lamixer.load("gated_deltanet")
+    tensors, _ = random_call(m, T=20, H=2, size=SIZE, dtype=torch.float32, initial_state=False, seed=3)
+    eager = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+    o, _ = m(**eager, backend="triton")
+    o.sum().backward()
+    traced = torch.compile(lambda q, k, v, g, beta: m(q, k, v, g, beta, backend="triton")[0], fullgraph=True, backend="aot_eager")
+    leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+    o2 = traced(*leaves.values())  # with gradients: the chunk kernels, as the eager call
+    o2.sum().backward()
+    assert torch.equal(o, o2)
+    for k in leaves:
+        assert torch.equal(leaves[k].grad, eager[k].grad), k
