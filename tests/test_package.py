@@ -250,6 +250,27 @@ def compiled_package(mixer, root: Path):
             del sys.modules[key]
 
 
+def test_a_package_checks_a_repeated_signature_once_and_its_values_always(tmp_path, monkeypatch):
+    """A package's mixer keeps what the checks of a valid call found for the next call of its signature, as lamixer does
+    (runtime/call.py), and still checks every call's cu_seqlens and scale."""
+    m = lamixer.load("rwkv6")  # inputs and a per-head param
+    with compiled_package(m, tmp_path) as pkg, one_thread():
+        fn, module = pkg.rwkv6, sys.modules[pkg.__name__ + ".mixer"]
+        checks = []
+        monkeypatch.setattr(module, "check", lambda *a: checks.append(1) or pkg.runtime.call.check(*a))
+        tensors, states = random_call(m, T=7, seed=0, cu_seqlens=[0, 3, 7])
+        kwargs = dict(initial_state=states[0], output_final_state=True, cu_seqlens=torch.tensor([0, 3, 7]), backend="torch")
+        first, again = fn(*tensors.values(), **kwargs), fn(*tensors.values(), **kwargs)
+        assert len(checks) == 1 and len(module.BINDINGS) == 1 and all(torch.equal(a, b) for a, b in zip(first, again))
+        want = m(**tensors, **kwargs)
+        assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(again, want))
+        for bad, match in (({"cu_seqlens": torch.tensor([0, 5, 3])}, "cu_seqlens"), ({"scale": float("nan")}, "scale")):
+            with pytest.raises(pkg.ArgumentError, match=match):
+                fn(*tensors.values(), **{**kwargs, **bad})
+        with pytest.raises(pkg.ArgumentError, match="'k'"):  # another signature: every check
+            fn(*[x[..., :-1] if name == "k" else x for name, x in tensors.items()], **kwargs)
+
+
 @FUZZ
 @given(typed_spec(), st.booleans())
 def test_random_typed_mixers_compile_to_packages_that_agree(tmp_path_factory, text, packed):

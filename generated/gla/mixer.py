@@ -6,7 +6,7 @@ is its kernel plan written out: the per-token work one line per node, each scan 
 """
 from __future__ import annotations
 
-from ..runtime.call import Operand, Signature, check, check_flags, results
+from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
 
 SIGNATURE = Signature(
@@ -23,6 +23,7 @@ SIGNATURE = Signature(
     uses_scale=True,
 )
 BACKENDS = ("auto", "torch", "triton")
+BINDINGS: dict = {}  # what the checks of earlier calls found, per call signature (runtime/call.py: bind)
 
 
 def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto"):
@@ -36,7 +37,8 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
     """
     check_flags(backend, BACKENDS, output_final_state)
-    call = check(SIGNATURE, {"q": q, "k": k, "v": v, "g": g}, scale, initial_state, cu_seqlens, default_scale)
+    call = bind(SIGNATURE, BINDINGS, (q, k, v, g), {}, scale, initial_state, cu_seqlens, None,
+                lambda: check(SIGNATURE, {"q": q, "k": k, "v": v, "g": g}, scale, initial_state, cu_seqlens, default_scale))
     scan = torch_scan
     if backend != "torch":
         from . import scans

@@ -7,7 +7,7 @@ is its kernel plan written out: the per-token work one line per node, each scan 
 from __future__ import annotations
 
 from ..runtime import ops
-from ..runtime.call import Operand, Signature, check, check_flags, results
+from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
 
 SIGNATURE = Signature(
@@ -26,6 +26,7 @@ SIGNATURE = Signature(
     uses_scale=True,
 )
 BACKENDS = ("auto", "torch", "triton")
+BINDINGS: dict = {}  # what the checks of earlier calls found, per call signature (runtime/call.py: bind)
 
 
 def gsa(q, k, v, s, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto"):
@@ -39,7 +40,8 @@ def gsa(q, k, v, s, g, *, scale=None, initial_state=None, output_final_state=Fal
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
     """
     check_flags(backend, BACKENDS, output_final_state)
-    call = check(SIGNATURE, {"q": q, "k": k, "v": v, "s": s, "g": g}, scale, initial_state, cu_seqlens, default_scale)
+    call = bind(SIGNATURE, BINDINGS, (q, k, v, s, g), {}, scale, initial_state, cu_seqlens, None,
+                lambda: check(SIGNATURE, {"q": q, "k": k, "v": v, "s": s, "g": g}, scale, initial_state, cu_seqlens, default_scale))
     scan = torch_scan
     if backend != "torch":
         from . import scans

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime import ops
-from ..runtime.call import Operand, Signature, check, check_flags, results
+from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import block_attention, scan_group, stat, torch_scan
 
 SIGNATURE = Signature(
@@ -26,6 +26,7 @@ SIGNATURE = Signature(
     uses_scale=True,
 )
 BACKENDS = ("auto", "torch", "triton")
+BINDINGS: dict = {}  # what the checks of earlier calls found, per call signature (runtime/call.py: bind)
 
 
 def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto"):
@@ -39,7 +40,8 @@ def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
     """
     check_flags(backend, BACKENDS, output_final_state)
-    call = check(SIGNATURE, {"q": q, "k": k, "v": v}, scale, initial_state, cu_seqlens, default_scale)
+    call = bind(SIGNATURE, BINDINGS, (q, k, v), {}, scale, initial_state, cu_seqlens, None,
+                lambda: check(SIGNATURE, {"q": q, "k": k, "v": v}, scale, initial_state, cu_seqlens, default_scale))
     scan = torch_scan
     if backend != "torch":
         from . import scans

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..runtime.call import Operand, Signature, check, check_flags, results
+from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
 
 SIGNATURE = Signature(
@@ -29,6 +29,7 @@ SIGNATURE = Signature(
     uses_scale=True,
 )
 BACKENDS = ("auto", "torch", "triton")
+BINDINGS: dict = {}  # what the checks of earlier calls found, per call signature (runtime/call.py: bind)
 
 
 def mamba2(x, B, C, dt, A_log, D, dt_bias, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto"):
@@ -42,7 +43,8 @@ def mamba2(x, B, C, dt, A_log, D, dt_bias, *, scale=None, initial_state=None, ou
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
     """
     check_flags(backend, BACKENDS, output_final_state)
-    call = check(SIGNATURE, {"x": x, "B": B, "C": C, "dt": dt, "A_log": A_log, "D": D, "dt_bias": dt_bias}, scale, initial_state, cu_seqlens, default_scale)
+    call = bind(SIGNATURE, BINDINGS, (x, B, C, dt, A_log, D, dt_bias), {}, scale, initial_state, cu_seqlens, None,
+                lambda: check(SIGNATURE, {"x": x, "B": B, "C": C, "dt": dt, "A_log": A_log, "D": D, "dt_bias": dt_bias}, scale, initial_state, cu_seqlens, default_scale))
     scan = torch_scan
     if backend != "torch":
         from . import scans

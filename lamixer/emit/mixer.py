@@ -24,8 +24,8 @@ _LEAVES = ("input", "param", "head", "const", "dim", "scale")
 _NUMBERS = ("const", "dim", "scale")
 CALL_ARGUMENTS = ("scale", "initial_state", "output_final_state", "cu_seqlens", "backend")
 # module-level names of a mixer module, which no spec name may take
-MODULE_NAMES = ("SIGNATURE", "BACKENDS", "TRITON_MISSING", "forward", "default_scale", "torch", "F", "ops", "Operand", "Signature", "check",
-                "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "torch_scan", "scans",
+MODULE_NAMES = ("SIGNATURE", "BACKENDS", "BINDINGS", "TRITON_MISSING", "forward", "default_scale", "torch", "F", "ops", "Operand", "Signature",
+                "bind", "check", "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "torch_scan", "scans",
                 # and what the package's __init__ exports beside the mixer, or its submodules
                 "Layer", "LayerState", "ArgumentError", "LamixerError", "mixer", "layer", "runtime", "kernels")  # fmt: skip
 
@@ -278,7 +278,7 @@ is its kernel plan written out: the per-token work one line per node, each scan 
 """, runtime)
     w = MixerWriter(compiled, m, fn)
     body = w.forward()
-    for name in ("Operand", "Signature", "check", "check_flags", "results"):
+    for name in ("Operand", "Signature", "bind", "check", "check_flags", "results"):
         m.use(runtime + ".call", name)
     if not has_kernels:
         m.use(runtime + ".call", "pick_backend")
@@ -289,7 +289,8 @@ is its kernel plan written out: the per-token work one line per node, each scan 
                        for op in g.operands)  # fmt: skip
     states = "".join(f"\n        ({src.text(n)}, {src.names(s.dims)})," for n, s in g.states.items())
     m.write("SIGNATURE = Signature(", f"    {src.text(g.name)},", f"    operands=({operands}\n    ),", f"    states=({states}\n    ),",
-            f"    uses_scale={g.uses_scale},", ")", 'BACKENDS = ("auto", "torch", "triton")')  # fmt: skip
+            f"    uses_scale={g.uses_scale},", ")", 'BACKENDS = ("auto", "torch", "triton")',
+            "BINDINGS: dict = {}  # what the checks of earlier calls found, per call signature (runtime/call.py: bind)")  # fmt: skip
     if not has_kernels:
         m.write(f"TRITON_MISSING = ({''.join(src.text(r) + ', ' for r in triton_missing).rstrip(' ')})  # why the torch fallback runs every call")
     out_dims = g.dims_of(g.output)
@@ -315,7 +316,8 @@ is its kernel plan written out: the per-token work one line per node, each scan 
         f'def {fn}({signature}, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto"):',
         f'    """{call_doc}\n    """',
         "    check_flags(backend, BACKENDS, output_final_state)",
-        f"    call = check(SIGNATURE, {{{', '.join(f'{src.text(n)}: {a}' for n, a in args.items())}}}, scale, initial_state, cu_seqlens, default_scale)",
+        f"    call = bind(SIGNATURE, BINDINGS, ({', '.join(args.values())}{',' if len(args) == 1 else ''}), {{}}, scale, initial_state, cu_seqlens, None,",
+        f"                lambda: check(SIGNATURE, {{{', '.join(f'{src.text(n)}: {a}' for n, a in args.items())}}}, scale, initial_state, cu_seqlens, default_scale))",
     ]
     if not has_kernels:
         lines += ["    pick_backend(SIGNATURE.name, backend, call, list(TRITON_MISSING))  # refuses backend=\"triton\"",
