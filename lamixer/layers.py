@@ -3,7 +3,7 @@
 Everything a layer does comes from the lowered layer section (lamixer.ir.LayerInfo) and the options
 it declares; this module knows no mixer by name. The building blocks, the order of the steps and what
 every layer does around them (state, checks, decoding) are lamixer.runtime.layer's; `lamixer compile`
-writes the same steps out as a package's layer module (lamixer/emit.py).
+writes the same steps out as a package's layer module (lamixer/emit/layer.py).
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Per-token work runs node by node on all tokens at once (lamixer.runtime.ops); each state is one
 chunkwise scan (lamixer.runtime.scan), run as the classification says (never by a mixer's name).
-`lamixer compile` writes the same evaluation out as straight-line code (lamixer/emit.py).
+`lamixer compile` writes the same evaluation out as straight-line code (lamixer/emit/mixer.py).
 """
 from __future__ import annotations
 
