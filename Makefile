@@ -26,7 +26,7 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check lamixer tests bench examples
+	$(BIN)/ruff check lamixer tests bench examples generated
 
 bench-cpu: $(VENV)/.installed
 	$(BIN)/python bench/torch_vs_interpret.py

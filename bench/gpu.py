@@ -106,6 +106,7 @@ def main():
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-time", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
+    ap.add_argument("--skip-recurrent", action="store_true", help="check the chunk kernels only")
     ap.add_argument("--quick", action="store_true", help="two check cases per spec and dtype, no T = 16384")
     ap.add_argument("--time-specs", default="", help="specs to time (default: those checked)")
     ap.add_argument("--Ts", default="2048,4096,8192,16384")
@@ -119,7 +120,8 @@ def main():
     print(res, flush=True)
     try:
         if not args.skip_check:
-            check_recurrent(args.specs.split(",") if args.specs else lamixer.shipped_specs(), res["rows"])
+            if not args.skip_recurrent:
+                check_recurrent(args.specs.split(",") if args.specs else lamixer.shipped_specs(), res["rows"])
             check(names, res["rows"], args.quick)
         if args.autotune:
             from lamixer import autotune

@@ -260,7 +260,10 @@ def bench(specs: tuple[str, ...], vs: str, Ts: str, decode: bool, plot_file: str
 @click.option("--all", "all_specs", is_flag=True, help="Compile every shipped spec.")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write into.")
 def compile_cmd(specs: tuple[str, ...], all_specs: bool, out_dir: str) -> None:
-    """Write SPECS' generated Triton kernels (OUT_DIR/kernels/) and what each spec runs (OUT_DIR/<name>/README.md)."""
+    """Write each of SPECS as a Python package, OUT_DIR/<name>/, that imports only torch and triton.
+
+    One spec gives a standalone package (its own runtime/ and kernels/); several share one runtime/ and
+    kernels/ at OUT_DIR level, so OUT_DIR becomes a package too (generated/ is --all)."""
     from .generate import write
 
     names = list(specs) + (shipped_specs() if all_specs else [])

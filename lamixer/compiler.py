@@ -1,6 +1,7 @@
 """The front half of the pipeline: spec text -> parsed, lowered, verified, classified, planned IR."""
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ from .passes.classify import Classification, classify
 from .passes.plan import KernelPlan, make_plan
 from .passes.rewrite import distribute_reads
 from .passes.verify import verify
+from .runtime.call import Operand, Signature
 
 
 @dataclass
@@ -31,6 +33,13 @@ class Compiled:
     @property
     def source_hash(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+    @functools.cached_property
+    def signature(self) -> Signature:
+        """What binding a call checks, as plain data (lamixer.runtime.call)."""
+        g = self.graph
+        operands = tuple(Operand(op.name, op.kind, op.dims, op.per_head) for op in g.operands)
+        return Signature(g.name, operands, tuple((name, s.dims) for name, s in g.states.items()), g.uses_scale)
 
 
 def compile_spec(source: str, filename: str = "<spec>") -> Compiled:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .runtime.errors import ArgumentError, LamixerError
 
-class LamixerError(Exception):
-    """Base class of every error lamixer raises for bad user input."""
+__all__ = ["ArgumentError", "LamixerError", "Loc", "SpecError"]
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,3 @@ class SpecError(LamixerError):
         """The same error, attached to the text it was found in."""
         return SpecError(self.message, self.loc, source, filename)
 
-
-class ArgumentError(LamixerError):
-    """A bad argument in a call: the message names the argument."""
-
-    def __init__(self, argument: str, message: str):
-        self.argument = argument
-        super().__init__(f"argument '{argument}': {message}")

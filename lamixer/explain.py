@@ -103,8 +103,9 @@ def report(c: Compiled) -> list[str]:
 def _kernels(c: Compiled) -> list[str]:
     """Which generated kernels the triton backend runs for each scan, or why it cannot."""
     from .backends import triton as triton_backend
+    from .emit.kernels import unsupported
 
-    missing = triton_backend.unsupported(c)
+    missing = unsupported(c)
     if missing:
         lines = ["triton kernels: none (the torch backend runs what the recurrent kernel does not): " + "; ".join(missing)]
     else:

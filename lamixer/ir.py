@@ -13,7 +13,7 @@ import networkx as nx
 
 from .errors import Loc
 
-# Elementwise functions of one argument (the meaning of each lives in lamixer/ops.py).
+# Elementwise functions of one argument (the meaning of each lives in lamixer/runtime/ops.py).
 UNARY = ("exp", "log", "sigmoid", "logsigmoid", "softplus", "silu", "elu", "relu", "tanh", "sqrt", "abs")
 # Elementwise functions of two arguments, broadcasting by dim name.
 BINARY = ("add", "sub", "mul", "div", "pow", "max", "min")

@@ -11,6 +11,7 @@ from .backends import recurrent
 from .call import BACKENDS, Call, bind, remember
 from .compiler import Compiled, compile_spec
 from .errors import ArgumentError
+from .runtime.call import check_flags, pick_backend, results
 
 SPEC_SUFFIX = ".lam"
 
@@ -54,10 +55,7 @@ class Mixer:
     def __call__(self, *tensors, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
                  backend: str = "auto", **named):  # fmt: skip
         """o, final_state = mixer(q, k, v, ...). final_state is None unless output_final_state; a tuple for several states."""
-        if not isinstance(backend, str) or backend not in BACKENDS:
-            raise ArgumentError("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
-        if not isinstance(output_final_state, bool):
-            raise ArgumentError("output_final_state", f"must be True or False, got {output_final_state!r}")
+        check_flags(backend, BACKENDS, output_final_state)
         compute = torch.float64 if backend == "interpret" else None
         call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
         if call.memo is None:
@@ -66,11 +64,7 @@ class Mixer:
             key = (backend, torch.is_grad_enabled(), call.longest <= recurrent.MAX_T)
             impl = call.memo.get(key) or remember(call.memo, key, self._backend(call, backend))
         o, finals = impl.run(self.compiled, call)
-        o = o if o.dtype == call.out_dtype else o.to(call.out_dtype)
-        if not output_final_state:
-            return o, None
-        finals = [f if f.dtype == call.state_dtype else f.to(call.state_dtype) for f in finals]
-        return o, finals[0] if len(finals) == 1 else tuple(finals)
+        return results(call, o, finals, output_final_state)
 
     def _backend(self, call: Call, backend: str):
         """The backend module that runs this call; an ArgumentError when Triton kernels are asked for and cannot run it."""
@@ -79,10 +73,7 @@ class Mixer:
 
             # inference on short sequences runs every scan on the recurrent kernel, whatever its rule
             missing = [] if recurrent.serves(self.compiled, call) else triton_backend.unsupported(self.compiled, call.sizes)
-            if backend == "triton" and missing:
-                raise ArgumentError("backend", f"{self.name} cannot run on Triton kernels: {'; '.join(missing)}")
-            if backend == "auto":
-                backend = "triton" if call.device.type == "cuda" and not missing else "torch"
+            backend = pick_backend(self.name, backend, call, missing)
         if backend == "interpret":
             from .backends import interpret as impl
         elif backend == "triton":

@@ -83,18 +83,25 @@ def test_memory_floor_counts_inputs_and_outputs_once():
     assert abs(fwd - 1e3 * (ins + out) / 1e9) < 1e-12 and abs(fb - 1e3 * 2 * (ins + out) / 1e9) < 1e-12
 
 
-def test_compile_writes_the_kernels_and_a_readme(tmp_path):
-    two_reads = tmp_path / "two_reads.lam"  # no template covers two reads of one state
+def test_compile_writes_packages(tmp_path):
+    two_reads = tmp_path / "two_reads.lam"  # no chunk template covers two reads of one state; the recurrent kernel does
     two_reads.write_text("mixer two_reads\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S + k @ S\n")
-    code, out = run("compile", "rwkv6", "deltanet", str(two_reads), "-o", str(tmp_path / "out"))
+    code, out = run("compile", "rwkv6", "deltanet", str(two_reads), "-o", str(tmp_path / "shared"))  # several: runtime and kernels shared
     assert code == 0, out
-    tmp_path = tmp_path / "out"
-    kernels = ["chunk_additive_key_before.py", "recurrent_additive_key_before.py", "recurrent_additive_none_after_after.py",
-               "recurrent_delta_none_after.py", "scan_delta_none_after.py"]
-    assert sorted(p.name for p in (tmp_path / "kernels").iterdir()) == kernels
-    assert "kernels/chunk_additive_key_before.py" in (tmp_path / "rwkv6" / "README.md").read_text()
-    deltanet = (tmp_path / "deltanet" / "README.md").read_text()
-    assert "kernels/scan_delta_none_after.py" in deltanet and "kernels/recurrent_delta_none_after.py" in deltanet
-    assert "No Triton chunk kernels" in (tmp_path / "two_reads" / "README.md").read_text()
+    shared = tmp_path / "shared"
+    kernels = ["__init__.py", "chunk_additive_key_before.py", "host.py", "host_delta.py", "host_recurrent.py", "recurrent_additive_key_before.py",
+               "recurrent_additive_none_after_after.py", "recurrent_delta_none_after.py", "scan_delta_none_after.py"]  # fmt: skip
+    assert sorted(p.name for p in (shared / "kernels").iterdir()) == kernels
+    assert {"__init__.py", "runtime", "rwkv6", "deltanet", "two_reads"} <= {p.name for p in shared.iterdir()}
+    assert "`chunk_additive_key_before.py`" in (shared / "rwkv6" / "README.md").read_text()
+    deltanet = (shared / "deltanet" / "README.md").read_text()
+    assert "`scan_delta_none_after.py`" in deltanet and "`recurrent_delta_none_after.py`" in deltanet
+    two = (shared / "two_reads" / "README.md").read_text()
+    assert "`recurrent_additive_none_after_after.py`" in two and "every other call runs on the torch fallback" in two
+    assert all((shared / name / "scans.py").is_file() for name in ("rwkv6", "deltanet", "two_reads"))
+    code, out = run("compile", "gla", "-o", str(tmp_path / "one"))  # one: standalone
+    assert code == 0, out
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == ["gla"]
+    assert {"runtime", "kernels", "scans.py", "mixer.py", "layer.py"} <= {p.name for p in (tmp_path / "one" / "gla").iterdir()}
     code, out = run("compile", "-o", str(tmp_path))
     assert code != 0 and "--all" in out

@@ -12,6 +12,7 @@ import torch
 import lamixer
 from lamixer import call as call_module
 from lamixer.check import random_call
+from lamixer.runtime import call as runtime_call
 
 
 @pytest.fixture
@@ -99,7 +100,7 @@ def test_scale_grad_mode_and_requires_grad_are_followed(gla):
 
 
 def test_the_memo_is_bounded(gla, monkeypatch):
-    monkeypatch.setattr(call_module, "MEMO_ENTRIES", 4)
+    monkeypatch.setattr(runtime_call, "MEMO_ENTRIES", 4)
     for T in range(1, 10):
         tensors, _ = random_call(gla, T=T, seed=0, initial_state=False)
         gla(**tensors, backend="torch")

@@ -3,16 +3,22 @@ import ast
 from pathlib import Path
 
 import lamixer
+from lamixer.emit.package import runtime_files
 from lamixer.generate import write
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
 REGENERATE = "lamixer compile --all -o generated"
+HAND_WRITTEN = {"README.md"}
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
 def test_generated_code_is_up_to_date(tmp_path):
-    write([lamixer.load(n).compiled for n in lamixer.shipped_specs()], tmp_path)
-    fresh = {str(p.relative_to(tmp_path)): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
-    kept = {str(p.relative_to(GENERATED)): p.read_text() for p in GENERATED.rglob("*") if p.is_file() and p != GENERATED / "README.md"}
+    write([lamixer.load(n).compiled for n in lamixer.shipped_specs()], tmp_path / "generated")
+    fresh = _files(tmp_path / "generated")
+    kept = {k: v for k, v in _files(GENERATED).items() if k not in HAND_WRITTEN}
     assert sorted(kept) == sorted(fresh), f"generated/ holds other files than the compiler writes; regenerate: {REGENERATE}"
     for name, text in fresh.items():
         assert kept[name] == text, f"generated/{name} differs from the compiler's output; review and regenerate: {REGENERATE}"
@@ -48,9 +54,28 @@ def test_each_recurrent_kernel_file_defines_its_kernel():
         assert names == {path.stem + "_float32_kernel"}, path
 
 
-def test_every_shipped_spec_has_its_readme_naming_its_kernels():
+def test_the_shared_runtime_is_lamixers_own_verbatim():
+    for name, text in runtime_files().items():
+        assert (GENERATED / "runtime" / name).read_text() == text
+
+
+def test_every_shipped_spec_has_its_package():
     for name in lamixer.shipped_specs():
-        text = (GENERATED / name / "README.md").read_text()
-        assert f"# {name}: generated code" in text and ("kernels/chunk_additive_" in text or "kernels/scan_additive_" in text
-                                                         or "kernels/scan_delta_" in text or "No Triton chunk kernels" in text)  # fmt: skip
-        assert "kernels/recurrent_" in text
+        pkg = GENERATED / name
+        assert {"__init__.py", "mixer.py", "layer.py", "README.md"} <= {p.name for p in pkg.iterdir()}
+        readme = (pkg / "README.md").read_text()
+        assert readme.startswith(f"# {name}: ") and "## API" in readme and "## What it runs" in readme
+        mixer = (pkg / "mixer.py").read_text()
+        assert f"\ndef {name}(" in mixer and "\ndef forward(call, scan):" in mixer
+        # every shipped spec reaches its kernels (a chunk family and the recurrent kernel) only through scans.py
+        assert "from . import scans" in mixer and (pkg / "scans.py").is_file()
+        assert "kernels/`" in readme and "`recurrent_" in readme and ("`chunk_additive_" in readme or "`scan_" in readme)
+
+
+def test_the_runtime_imports_only_torch_and_the_standard_library():
+    for name, text in runtime_files().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level == 1 or node.module.split(".")[0] in ("torch", "__future__", "dataclasses", "collections", "typing"), (name, node.module)
+            elif isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] in ("torch", "math", "numbers") for a in node.names), (name, [a.name for a in node.names])

@@ -127,7 +127,7 @@ def test_interpreter_backend_agrees():
 
 
 def test_rotary_depends_on_relative_position_only():
-    from lamixer.layers import _rotate
+    from lamixer.runtime.layer import rotate as _rotate
 
     q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
 

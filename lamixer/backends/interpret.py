@@ -9,9 +9,9 @@ from __future__ import annotations
 import networkx as nx
 import torch
 
-from .. import ops
 from ..call import Call
 from ..compiler import Compiled
+from ..runtime import ops
 
 
 class _Token:

@@ -1,151 +1,20 @@
-"""Chunkwise PyTorch, generated from the classification (never from a mixer's name).
+"""The torch backend: the kernel plan evaluated over whole [B, T, H, *dims] tensors.
 
-Per-token work is evaluated on whole [B, T, H, *dims] tensors; each state is one chunked scan of
-S_t = D_t S_{t-1} + a_t (b_t + S'^T c_t)^T with the decay D_t along the key dim (scalar decay is
-its one-column case) or along the value dim. Within a chunk, with B_t the cumulative log decay:
-  additive  U = b
-  delta     (I - tril(M, -1)) U = b + (c e^B) S_0,  M_ij = sum_k c_ik a_jk e^(B_ik - B_jk)
-  reads     o_i = (q_i e^(Bq_i)) S_0 + sum_j sum_k q_ik a_jk e^(Bq_ik - B_jk) U_j   (j <= i, or j < i)
-  state     S_C = e^(B_C) S_0 + (a e^(B_C - B))^T U
-Every exponent is a sum of log decays over a segment of ordered positions, summed directly (never
-as a difference of prefix sums), so it never overflows for decays <= 1 and its gradient does not
-cancel under strong decay. Differentiable by autograd.
+Per-token work runs node by node on all tokens at once (lamixer.runtime.ops); each state is one
+chunkwise scan (lamixer.runtime.scan), run as the classification says (never by a mixer's name).
+`lamixer compile` writes the same evaluation out as straight-line code (lamixer/emit/mixer.py).
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 
-from .. import ops
 from ..call import Call, remember
 from ..compiler import Compiled
 from ..passes.classify import Scan
+from ..runtime import ops
+from ..runtime.scan import ScanOperands, block_attention, scan_group, stat, torch_scan
 
-
-def _pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
-    """[B, H, T, D] -> [B, H, N, C, D], zero-padded at the end (a zero token leaves a state unchanged)."""
-    T = x.shape[2]
-    N = -(-T // C)
-    x = F.pad(x, (0, 0, 0, N * C - T))
-    return x.reshape(*x.shape[:2], N, C, x.shape[-1])
-
-
-def _segsum(g: torch.Tensor) -> torch.Tensor:
-    """seg[.., i, j, :] = sum of g over j < s <= i (for j <= i), built without differences of prefix sums.
-
-    A difference of cumulative sums would cancel: under strong decay the gradient of a small
-    segment would be the rounding noise of two large ones.
-    """
-    C = g.shape[-2]
-    after_j = torch.ones(C, C, dtype=torch.bool, device=g.device).triu(1)  # [j, s]: s > j
-    x = torch.where(after_j.unsqueeze(-1), g.unsqueeze(-3), torch.zeros((), dtype=g.dtype, device=g.device))
-    return x.cumsum(-2).transpose(-2, -3)  # [.., i, j, :]
-
-
-def _decay_exp(x: torch.Tensor) -> torch.Tensor:
-    """exp of a (non-positive) log decay, flushed to 0 below the smallest normal number.
-
-    Learned gates forget hard; their decays would otherwise be subnormal floats, which CPUs multiply
-    tens of times slower (a GLA layer trained 6x slower) for a contribution below 1e-38.
-    """
-    floor = math.log(torch.finfo(x.dtype).tiny)
-    return torch.exp(torch.where(x < floor, torch.full_like(x, float("-inf")), x))
-
-
-def _suffix(g: torch.Tensor) -> torch.Tensor:
-    """sum of g over s > j within the chunk, as [.., C, D]."""
-    return F.pad(g[..., 1:, :], (0, 0, 0, 1)).flip(-2).cumsum(-2).flip(-2)
-
-
-def _decay_weights(seg: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """exp of the segment sums where mask (over [i, j]) holds, else 0."""
-    mask = mask.unsqueeze(-1)
-    return _decay_exp(torch.where(mask, seg, torch.full_like(seg, float("-inf"))))
-
-
-def _pair(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """sum_k x_ik a_jk w_ijk over [.., C, C]; w has one column (scalar decay) or K."""
-    if w.shape[-1] == 1:
-        return (x @ a.transpose(-1, -2)) * w.squeeze(-1)
-    return torch.einsum("...ik,...jk,...ijk->...ij", x, a, w)
-
-
-def chunk_scan(a, b, c, gk, gv, reads, h0, C):
-    """One state's scan over [B, H, T, *] tensors; returns ([o per read, [B, H, T, V]], final state [B, H, K, V]).
-
-    a, c: [B, H, T, K] write and erase keys (c None: additive); b: [B, H, T, V];
-    gk: [B, H, T, 1 or K] log decay on the key side, or gv: [B, H, T, V] on the value side;
-    reads: [(q [B, H, T, K], decayed, written)]; h0: [B, H, K, V].
-    """
-    T = a.shape[2]
-    dev, dt = a.device, a.dtype
-    ar = torch.arange(C, device=dev)
-    incl, strict = ar[:, None] >= ar[None, :], ar[:, None] > ar[None, :]
-    a, b = _pad_chunks(a, C), _pad_chunks(b, C)
-    qs = [(_pad_chunks(q, C), dec, wr) for q, dec, wr in reads]
-    g = _pad_chunks(gk if gv is None else gv, C)
-    Bc = g.cumsum(-2)  # decay from the chunk start through token i: [B, H, N, C, D]
-    Bx = Bc - g  # ... up to token i, exclusive
-    seg = _segsum(g)  # decay between a write at j and a read at i: [B, H, N, C, C, D]
-    seg_x = F.pad(seg[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # the same, excluding token i itself
-    last = Bc[..., -1:, :]  # the whole chunk's decay: [B, H, N, 1, D]
-    to_end = _decay_exp(_suffix(g))  # decay from a write at j to the chunk's end
-    read_parts = []
-    for q, dec, wr in qs:
-        w = _decay_weights(seg if dec else seg_x, incl if wr else strict)
-        read_parts.append((q, _decay_exp(Bc if dec else Bx), w))
-    decay_all = _decay_exp(last)  # [B, H, N, 1, D]
-    if gv is None:
-        a_end = a * to_end
-        if c is None:
-            U = b
-            delta_S = a_end.transpose(-1, -2) @ U  # each chunk's contribution to the state: [B, H, N, K, V]
-            S, starts = h0, []
-            for n in range(a.shape[2]):  # the only sequential part: one fused multiply-add per chunk
-                starts.append(S)
-                S = torch.addcmul(delta_S[:, :, n], decay_all[:, :, n].transpose(-1, -2), S)
-        else:
-            c = _pad_chunks(c, C)
-            L = torch.eye(C, dtype=dt, device=dev) - _pair(c, a, _decay_weights(seg, strict))
-            rhs = torch.cat([b, c * _decay_exp(Bc)], -1)
-            sol = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
-            U0, W = sol[..., : b.shape[-1]], sol[..., b.shape[-1] :]  # U = U0 + W S_0
-            S, starts, Us = h0, [], []
-            for n in range(a.shape[2]):
-                starts.append(S)
-                Us.append(torch.baddbmm(U0[:, :, n].flatten(0, 1), W[:, :, n].flatten(0, 1), S.flatten(0, 1)).view_as(U0[:, :, n]))
-                S = decay_all[:, :, n].transpose(-1, -2) * S + a_end[:, :, n].transpose(-1, -2) @ Us[-1]
-            U = torch.stack(Us, 2)
-        S0 = torch.stack(starts, 2)  # the state entering each chunk: [B, H, N, K, V]
-        outs = [(q * eq) @ S0 + _pair(q, a, w) @ U for q, eq, w in read_parts]
-    else:
-        delta_S = a.transpose(-1, -2) @ (b * to_end)
-        S, starts = h0, []
-        for n in range(a.shape[2]):
-            starts.append(S)
-            S = torch.addcmul(delta_S[:, :, n], decay_all[:, :, n], S)
-        S0 = torch.stack(starts, 2)
-        outs = [(q @ S0) * eq + torch.einsum("...ij,...ijv,...jv->...iv", q @ a.transpose(-1, -2), w, b) for q, eq, w in read_parts]
-    return [o.flatten(2, 3)[:, :, :T] for o in outs], S
-
-
-def block_attention(q, k, v, scale, size: int) -> torch.Tensor:
-    """Causal softmax attention within blocks of `size` tokens: [B, T, H, D] -> [B, T, H, Dv]. Each block is one
-    batch row of torch's scaled_dot_product_attention (a fused kernel on a GPU: no [size, size] scores kept)."""
-    B, T, H, _ = q.shape
-    size = min(size, T)  # blocks start at the first token: a block longer than the sequence is the sequence
-    nb = -(-T // size)
-
-    def blocks(x):  # [B * nb, H, size, D], a view where no padding is needed
-        x = F.pad(x, (0, 0, 0, 0, 0, nb * size - T)) if nb * size != T else x
-        return x.reshape(B * nb, size, H, x.shape[-1]).transpose(1, 2)
-
-    q = q * scale  # one number (a 0-d tensor)
-    out = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), is_causal=True, scale=1.0)  # [B * nb, H, size, Dv]
-    return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
+__all__ = ["ScanOperands", "run", "torch_scan"]
 
 
 LEAVES = ("input", "param", "const", "dim", "head", "scale")
@@ -228,20 +97,6 @@ class _Evaluator:
         self.env: dict[int, torch.Tensor] = {}
         self.finals: dict[str, torch.Tensor] = {}
         self.B, self.T = call.batch, call.length
-        self._segments = False  # worked out on first use: it reads cu_seqlens back from the device
-
-    @property
-    def segments(self) -> list[tuple[int, int]] | None:
-        if self._segments is False:
-            cu = self.call.cu_seqlens
-            self._segments = None if cu is None else list(zip(cu[:-1].tolist(), cu[1:].tolist()))
-        return self._segments
-
-    def per_segment(self, fn, *xs: torch.Tensor, axis: int) -> list:
-        """fn applied to each sequence's slice along the time axis (the whole when not packed)."""
-        if self.segments is None:
-            return [fn(*xs)]
-        return [fn(*(x.narrow(axis, a, e - a) for x in xs)) for a, e in self.segments]
 
     def full(self, n: int) -> torch.Tensor:
         """Node n's value expanded to [B, T, H, *dims]."""
@@ -309,34 +164,19 @@ class _Evaluator:
 
     def stat(self, n: int) -> torch.Tensor:
         node = self.nodes[n]
-        x = self.full(node["args"][0])
-        if self.segments is not None and "batch" in node["groups"]:  # each packed sequence is a batch row
-            vals = self.per_segment(lambda xs: ops.stat(node["fn"], xs, node["groups"]).unsqueeze(1).expand(-1, xs.shape[1], -1), x, axis=1)
-            return torch.cat(vals, 1)  # [1, T, H|1]: every token sees its sequence's value
-        return ops.stat(node["fn"], x, node["groups"]).unsqueeze(1)  # [B|1, 1, H|1]
+        return stat(node["fn"], self.full(node["args"][0]), node["groups"], self.call.cu_seqlens)
 
     def block_attention(self, n: int) -> torch.Tensor:
         q, k, v, scale = self.nodes[n]["args"]
         size = self.nodes[n]["size"]
         size = size if isinstance(size, int) else self.call.sizes[size]
-        s = self.env[scale].reshape(())
-        return torch.cat(self.per_segment(lambda *x: block_attention(*x, s, size), self.full(q), self.full(k), self.full(v), axis=1), 1)
+        return block_attention(self.full(q), self.full(k), self.full(v), self.env[scale], size, self.call.cu_seqlens)
 
-    def operand(self, n: int | None, dim: str | None, widen: bool = False) -> torch.Tensor | None:
-        """A scan operand as [B, T, H, D]: a vector over `dim`, or a scalar as one column (widen: broadcast over
-        `dim` too); a direct operand as the caller's tensor, its factor left to the kernel."""
+    def operand(self, n: int | None) -> torch.Tensor | None:
+        """A scan operand: a node's value, or a direct operand's input tensor (its factor left to the kernel)."""
         if n is None:
             return None
-        scalar = not self.nodes[n]["dims"]
-        if n in self.direct:
-            x = self.call.inputs[self.direct[n][0]]
-            if not scalar:  # the caller's [B, T, H, D] tensor, as bind checked it
-                return x
-        else:
-            x = self.env[n]
-        if scalar:
-            return x.unsqueeze(-1).expand(self.B, self.T, self.call.heads, self.call.sizes[dim] if widen else 1)
-        return x.expand(self.B, self.T, self.call.heads, self.call.sizes[dim])
+        return self.call.inputs[self.direct[n][0]] if n in self.direct else self.env[n]
 
     def factor(self, n: int) -> torch.Tensor | None:
         """A direct operand's per-head factor as [H] (None when it has none)."""
@@ -353,78 +193,17 @@ class _Evaluator:
         decay and queries, so one scan with their values side by side computes them all."""
         scans = self.prog.groups[state]
         s = scans[0]
-        a = self.operand(s.write_key, s.key_dim, widen=True)
-        bs, h0s = [], []
-        for t in scans:
-            h0 = self.call.initial_state[t.state]
-            if t.value_dim is None:  # a vector state is a one-column matrix state written with b = 1
-                bs.append(a.new_ones(*a.shape[:3], 1))
-                h0s.append(h0.unsqueeze(-1))
-            else:
-                bs.append(self.operand(t.write_value, t.value_dim, widen=True))
-                h0s.append(h0)
-        side = "value" if s.decay == "value" else "key"
-        g = self.operand(s.log_decay, s.value_dim if side == "value" else s.key_dim)
-        ops = ScanOperands(
-            a=a, b=bs[0] if len(bs) == 1 else torch.cat(bs, -1), c=self.operand(s.erase_key, s.key_dim, widen=True), g=g, side=side,
-            reads=[(self.operand(r.query, s.key_dim, widen=True), r.decayed, r.written) for r in s.reads],
-            query_factors=[self.factor(r.query) for r in s.reads],
-            h0=h0s[0] if len(h0s) == 1 else torch.cat(h0s, -1),
-            cu_seqlens=self.call.cu_seqlens, chunk=self.c.plan.chunk[s.state],
+        operand, call = self.operand, self.call
+        reads, finals = scan_group(
+            self.scan_impl, (self.B, self.T, call.heads), operand(s.write_key),
+            [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay),
+            "value" if s.decay == "value" else "key", [(operand(r.query), r.decayed, r.written) for r in s.reads],
+            [call.initial_state[t.state] for t in scans], call.cu_seqlens, self.c.plan.chunk[s.state], [self.factor(r.query) for r in s.reads],
         )  # fmt: skip
-        outs, S = self.scan_impl(ops)
-        if len(scans) == 1:  # the common case, without slicing
-            for r, o in zip(s.reads, outs):
-                self.env[r.node] = o.squeeze(-1) if s.value_dim is None else o
-            self.finals[s.state] = S.squeeze(-1) if s.value_dim is None else S
-            return
-        widths = [b.shape[-1] for b in bs]
-        for i, t in enumerate(scans):
-            lo = sum(widths[:i])
+        for t, outs, final in zip(scans, reads, finals):
             for r, o in zip(t.reads, outs):
-                part = o[..., lo : lo + widths[i]]
-                self.env[r.node] = part.squeeze(-1) if t.value_dim is None else part
-            part = S[..., lo : lo + widths[i]]
-            self.finals[t.state] = part.squeeze(-1) if t.value_dim is None else part
-
-
-@dataclass
-class ScanOperands:
-    """One state's scan, every per-token operand as [B, T, H, D] (D = 1 for a scalar)."""
-
-    a: torch.Tensor  # write key [.., K]
-    b: torch.Tensor  # write value [.., V]
-    c: torch.Tensor | None  # erase key [.., K] (delta rule), None for additive
-    g: torch.Tensor | None  # log decay [.., 1 or K] on the key side, [.., V] on the value side
-    side: str  # "key" | "value"
-    reads: list[tuple[torch.Tensor, bool, bool]]  # (query [.., K], decayed, written)
-    query_factors: list[torch.Tensor | None]  # per-head factors [H] the kernel applies to direct queries
-    h0: torch.Tensor  # [N, H, K, V]
-    cu_seqlens: torch.Tensor | None
-    chunk: int
-
-
-def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The chunked scan in PyTorch, one sequence at a time when packed: ([o per read], final state)."""
-    a = ops.a
-    g = ops.g if ops.g is not None else a.new_zeros(*a.shape[:3], 1)
-    modes = [(dec, wr) for _, dec, wr in ops.reads]
-
-    def one(h0, a, b, c, g, *qs):
-        t = [x.transpose(1, 2) for x in (a, b, c, g, *qs)]  # -> [B, H, T, D]
-        reads = [(q, dec, wr) for q, (dec, wr) in zip(t[4:], modes)]
-        gk, gv = (t[3], None) if ops.side == "key" else (None, t[3])
-        return chunk_scan(t[0], t[1], t[2] if ops.c is not None else None, gk, gv, reads, h0, ops.chunk)
-
-    c = ops.c if ops.c is not None else a
-    qs = [q for q, _, _ in ops.reads]
-    if ops.cu_seqlens is None:
-        results = [one(ops.h0, a, ops.b, c, g, *qs)]
-    else:
-        cu = ops.cu_seqlens.tolist()
-        results = [one(ops.h0[i : i + 1], *(x[:, s:e] for x in (a, ops.b, c, g, *qs))) for i, (s, e) in enumerate(zip(cu[:-1], cu[1:]))]
-    outs = [torch.cat([r[0][i] for r in results], 2).transpose(1, 2) for i in range(len(qs))]
-    return outs, torch.cat([r[1] for r in results], 0)
+                self.env[r.node] = o
+            self.finals[t.state] = final
 
 
 def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None, prog: _Program | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -1,0 +1,12 @@
+"""deltanet: DeltaNet: linear attention with the delta rule (Schlag et al., 2021; Yang et al., 2024); compiled by lamixer (see README.md).
+
+    o, final_state = deltanet(q, k, v, beta, output_final_state=True)
+    layer = Layer(hidden_size=1024, num_heads=4)
+    y = layer(x)
+"""
+from ..runtime.errors import ArgumentError, LamixerError
+from ..runtime.layer import LayerState
+from .layer import Layer
+from .mixer import deltanet
+
+__all__ = ["ArgumentError", "LamixerError", "Layer", "LayerState", "deltanet"]

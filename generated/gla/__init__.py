@@ -1,0 +1,12 @@
+"""gla: Gated linear attention (Yang et al., 2024); compiled by lamixer (see README.md).
+
+    o, final_state = gla(q, k, v, g, output_final_state=True)
+    layer = Layer(hidden_size=1024, num_heads=4)
+    y = layer(x)
+"""
+from ..runtime.errors import ArgumentError, LamixerError
+from ..runtime.layer import LayerState
+from .layer import Layer
+from .mixer import gla
+
+__all__ = ["ArgumentError", "LamixerError", "Layer", "LayerState", "gla"]

@@ -1,0 +1,12 @@
+"""hgrn2: HGRN2: gated linear RNN with state expansion (Qin et al., 2024); compiled by lamixer (see README.md).
+
+    o, final_state = hgrn2(q, g, v, output_final_state=True)
+    layer = Layer(hidden_size=1024, num_heads=4)
+    y = layer(x)
+"""
+from ..runtime.errors import ArgumentError, LamixerError
+from ..runtime.layer import LayerState
+from .layer import Layer
+from .mixer import hgrn2
+
+__all__ = ["ArgumentError", "LamixerError", "Layer", "LayerState", "hgrn2"]

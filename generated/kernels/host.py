@@ -1,0 +1,475 @@
+"""Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
+
+Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
+from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, additive_scan,
+additive_scan_backward, CHUNK_DECAYS, STRIP, _chunks, _chunk_cumsum, _snapshot_dtype, PRECISION,
+_chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save, _chunk_grads,
+_chunk_setup_context, _EagerChunkScan, run_chunk_scan, _setup_context, _backward, _acc_precision,
+_launch, _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py:
+Config, _pow2, default_config.
+What comes before the copies is this file's own: kernels() imports the rendered modules beside this
+file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's
+cache, not here); NAMESPACE registers the custom ops under this module's import name.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..runtime.scan import ScanOperands
+
+NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
+
+
+def kernels(family: str, acc: str, **config):
+    """The rendered kernel module of one configuration: <family>_<config values>.py beside this file (float32 only)."""
+    if acc != "float32":
+        raise ValueError(f"these kernels accumulate in float32, not {acc}")
+    name = "_".join([family, *config.values()])
+    module = importlib.import_module(f".{name}", __package__)
+    module.NAME = f"{name}_{acc}"
+    return module
+
+
+def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
+    """The additive kernels' configuration: the default."""
+    return default_config(decay, K, V)
+
+
+SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
+
+
+_ACC = {torch.float32: "float32", torch.float64: "float64"}  # state and accumulator precision
+
+
+MAX_HEAD_DIM = 256  # a whole key (or value) row of the state sits in one program's registers
+
+
+def _read_mode(decayed: bool, written: bool) -> str:
+    return "after" if written else ("mid" if decayed else "before")
+
+
+def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, int]]:
+    """(batch row, start, end) of each sequence."""
+    if cu is None:
+        return [(b, 0, T) for b in range(B)]
+    offs = cu.tolist()
+    return [(0, s, e) for s, e in zip(offs[:-1], offs[1:])]
+
+
+@torch.library.custom_op(f"{NAMESPACE}::additive_scan", mutates_args=())
+def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+                  h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = S_{t-1} diag(exp(g_t)) + a_t b_t^T (a decay along the value dim), o_t = (qs_h q_t)^T S_read(t) on
+    scan_additive's kernels: (o, final state). qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list.
+    o is in the state's precision: d(log decay) is built from o * do - b * db, whose suffix sums cancel, so neither
+    factor may be rounded to bf16 first."""
+    mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    o = torch.empty(B, T, H, V, dtype=h0.dtype, device=b.device)
+    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
+    c = Config.from_list(cfg)
+    varlen = cu_seqlens is not None
+    NS, hs = 1, None
+    if c.split:  # a state pass leaves the state at every segment end; the segments then run in parallel
+        NS = triton_cdiv(T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max()), SEGMENT)
+        hs = torch.empty(N, NS, H, K, V, dtype=h0.dtype, device=a.device)
+        getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H, 1)](
+            q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=c.BK, BV=_pow2(V), P=SEGMENT,
+            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, IS_VARLEN=varlen, PRECISION="ieee",
+            ACC_PRECISION="ieee", **_launch(c),
+        )  # fmt: skip
+    getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, c.BV), N * H, NS)](
+        q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=c.BV, P=SEGMENT,
+        USE_QS=qs is not None, USE_H0=True, STORE_HT=True, SPLIT=bool(c.split), IS_VARLEN=varlen, PRECISION="ieee", **_launch(c),
+    )  # fmt: skip
+    return o, ht
+
+
+@additive_scan.register_fake
+def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
+    B, T, H, K = a.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return h0.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
+
+
+@torch.library.custom_op(f"{NAMESPACE}::additive_scan_backward", mutates_args=())
+def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
+                           cu_seqlens: torch.Tensor | None, ht: torch.Tensor, o: torch.Tensor | None, do: torch.Tensor, dht: torch.Tensor,
+                           decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dg, dh0) of additive_scan."""
+    mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    do = do.contiguous()
+    varlen = cu_seqlens is not None
+    acc = h0.dtype
+    longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    NS = triton_cdiv(longest, SEGMENT)
+    c = Config.from_list(cfg)
+    split = bool(c.split)
+    # the state at every segment end: for d(log decay), and as the starting points of a split walk
+    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device)
+    dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
+    dq_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dq")
+    common = dict(H=H, K=K, V=V, BT=c.BT, P=SEGMENT, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(c))
+    if split:  # the state pass first, then every segment in parallel
+        dq_kernel[(triton_cdiv(K, c.BK), N * H, 1)](
+            q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
+            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, **common,
+        )  # fmt: skip
+    dq_kernel[(triton_cdiv(K, c.BK), N * H, NS if split else 1)](
+        q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
+        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=not split, SPLIT=split, **common,
+    )  # fmt: skip
+    BV = c.BV
+    NV = triton_cdiv(V, BV)
+    da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
+    # each segment's whole-decay term is over V, each value block writing its own columns
+    dgs = torch.empty(N, NS, H, V, dtype=acc, device=a.device)
+    db = torch.empty(*b.shape, dtype=acc, device=b.device)  # kept precise, as o is: d(log decay) is built from them
+    dh0 = torch.empty_like(h0)
+    dht = dht.contiguous()
+    dab_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dab")
+    dhs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if split else None
+    strides = (B * T * H * K,)
+    if split:  # the reverse state pass: dS at every segment end
+        dab_kernel[(NV, N * H, 1)](
+            q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
+            USE_QS=qs is not None, USE_DHT=True, STORE_DH0=False, SPLIT=False, COMPUTE_DAB=False, STORE_DHS=True, **common,
+        )  # fmt: skip
+    dab_kernel[(NV, N * H, NS if split else 1)](
+        q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
+        USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, SPLIT=split, COMPUTE_DAB=True, STORE_DHS=False, **common,
+    )  # fmt: skip
+    da = da.sum(0)
+    # the output and b carry the decay on the value side: o * do - b * db
+    dg = _decay_grad(o, do, b, db, dgs, cu_seqlens, read, decay).to(g.dtype)
+    return dq.to(q.dtype), da.to(a.dtype), db.to(b.dtype), dg, dh0
+
+
+@additive_scan_backward.register_fake
+def _(q, qs, a, b, g, h0, cu_seqlens, ht, o, do, dht, decay, read, cfg):
+    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
+
+
+CHUNK_DECAYS = ("none", "scalar", "key")  # rendered from chunk_additive; a value-dim decay from scan_additive
+
+
+STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key dim
+
+
+def _chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, BT: int) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+    """(number of chunks, chunk_indices [chunks, 2] = (sequence, chunk within it), chunk_offsets [N + 1] = each
+    sequence's first chunk); the two tensors only for packed sequences."""
+    if cu_seqlens is None:
+        return B * triton_cdiv(T, BT), None, None
+    n = (cu_seqlens[1:] - cu_seqlens[:-1] + BT - 1) // BT
+    offsets = torch.cat([n.new_zeros(1), n.cumsum(0)])
+    total = int(offsets[-1])
+    seq = torch.repeat_interleave(torch.arange(len(n), device=n.device), n, output_size=total)
+    within = torch.arange(total, device=n.device) - offsets[:-1][seq]
+    return total, torch.stack([seq, within], 1).to(torch.int32).contiguous(), offsets.to(torch.int32)
+
+
+def _chunk_cumsum(mod, g: torch.Tensor, cu_seqlens, indices, NC: int, BT: int) -> torch.Tensor:
+    """The inclusive cumulative log decay within each chunk, float32 [B, T, H, K]."""
+    B, T, H, K = g.shape
+    Bc = torch.empty(B, T, H, K, dtype=torch.float64 if g.dtype == torch.float64 else torch.float32, device=g.device)
+    getattr(mod, f"{mod.NAME}_cumsum_fwd")[(1, NC, H)](
+        g, Bc, cu_seqlens, indices, T, H=H, K=K, V=1, BT=BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, num_warps=4)
+    return Bc
+
+
+def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype) -> torch.dtype:
+    """States kept per chunk for the parallel kernels: in the inputs' precision when it is a half type (their
+    dots read them in it anyway), else in the accumulator's."""
+    return x.dtype if x.dtype in (torch.bfloat16, torch.float16) else acc
+
+
+PRECISION = "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
+
+
+def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str,
+                   cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on chunk_additive's kernels.
+
+    Returns (o, final state, hs: the state entering each chunk, A: each chunk's scores under a decay along
+    the key dim, else empty); the last two are kept for the backward. cfg: an autotune.Config as a list."""
+    mod = kernels("chunk_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    c = Config.from_list(cfg)
+    NC, indices, offsets = _chunks(cu_seqlens, B, T, c.BT)
+    o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
+    hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype), device=b.device)
+    A = torch.empty(B, T, H, c.BT if decay == "key" else 0, dtype=h0.dtype, device=b.device)
+    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
+    if N * H:
+        getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H)](
+            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages, **common)
+    if NC * H:
+        if decay == "key":
+            Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
+            getattr(mod, f"{mod.NAME}_scores_fwd")[((c.BT // STRIP) ** 2, NC, H)](
+                q, qs, a, g, Bc, A, cu_seqlens, indices, T, BC=STRIP, USE_QS=qs is not None, num_warps=4, **common)
+        getattr(mod, f"{mod.NAME}_output_fwd")[(triton_cdiv(V, c.BV), NC, H)](
+            q, qs, a, b, g, A, hs, o, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
+            num_stages=c.num_stages, **common)  # fmt: skip
+    return o, ht, hs, A
+
+
+chunk_scan = torch.library.custom_op(f"{NAMESPACE}::chunk_scan", _chunk_forward, mutates_args=())
+
+
+@chunk_scan.register_fake
+def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    BT = Config.from_list(cfg).BT
+    NC = B * triton_cdiv(T, BT) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
+    return (b.new_empty(B, T, H, V), h0.new_empty(N, H, K, V), a.new_empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype)),
+            h0.new_empty(B, T, H, BT if decay == "key" else 0))  # fmt: skip
+
+
+def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
+                        h0: torch.Tensor, cu_seqlens: torch.Tensor | None, hs: torch.Tensor, A: torch.Tensor, do: torch.Tensor,
+                        dht: torch.Tensor, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dg, dh0) of chunk_scan; dg is empty without a decay."""
+    mod = kernels("chunk_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    c = Config.from_list(cfg)
+    acc = h0.dtype
+    NC, indices, offsets = _chunks(cu_seqlens, B, T, c.BT)
+    do, dht = do.contiguous(), dht.contiguous()
+    dhs = torch.empty_like(hs)
+    dh0 = torch.empty_like(h0)
+    dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
+    dg = torch.empty_like(g) if g is not None else q.new_empty(0)
+    common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
+    if N * H:
+        getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H)](
+            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=c.num_stages, **common)
+    if NC * H == 0:
+        return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0
+    grads = getattr(mod, f"{mod.NAME}_grads_bwd")
+    if decay == "key":  # dq, da through the states, dA and the chunk ends' term, then the strips
+        dq_part, da_part = torch.empty(B, T, H, K, dtype=acc, device=a.device), torch.empty(B, T, H, K, dtype=acc, device=a.device)
+        dA = torch.empty(B, T, H, c.BT, dtype=acc, device=a.device)
+        dgs = torch.empty(NC, H, K, dtype=acc, device=a.device)
+        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq_part, da_part, db, None, dA, dgs, cu_seqlens, indices, T,
+                          BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+        Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
+        getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
+            q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, num_warps=4, **common)
+        common.pop("PRECISION")
+        getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
+            q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
+    else:
+        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, None, None, cu_seqlens, indices, T,
+                          BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+    return dq, da, db, dg, dh0
+
+
+chunk_scan_backward = torch.library.custom_op(f"{NAMESPACE}::chunk_scan_backward", _chunk_backward_impl, mutates_args=())
+
+
+@chunk_scan_backward.register_fake
+def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg):
+    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
+
+
+def _chunk_save(ctx, inputs, hs, A) -> None:
+    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A)
+    ctx.config = (decay, read, cfg)
+
+
+def _chunk_grads(ctx, do, dht, backward) -> tuple:
+    """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
+    q, qs, a, b, g, h0, cu_seqlens, hs, A = ctx.saved_tensors
+    if do is None:
+        do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=b.dtype, device=b.device)
+    if dht is None:
+        dht = torch.zeros_like(h0)
+    dq, da, db, dg, dh0 = backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
+    return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
+
+
+def _chunk_setup_context(ctx, inputs, output):
+    ctx.mark_non_differentiable(output[2], output[3])
+    _chunk_save(ctx, inputs, output[2], output[3])
+
+
+chunk_scan.register_autograd(lambda ctx, do, dht, _dhs, _dA: _chunk_grads(ctx, do, dht, chunk_scan_backward),
+                             setup_context=_chunk_setup_context)  # fmt: skip
+
+
+class _EagerChunkScan(torch.autograd.Function):
+    """The same as the custom op, without its dispatch (tens of microseconds a call) outside torch.compile."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        o, ht, hs, A = _chunk_forward(*inputs)
+        _chunk_save(ctx, inputs, hs, A)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        return _chunk_grads(ctx, do, dht, _chunk_backward_impl)
+
+
+def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final state): through the custom op when torch.compile traces, else straight to the kernels."""
+    if torch.compiler.is_compiling():
+        return chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)[:2]
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, a, b, g, h0)):
+        return _EagerChunkScan.apply(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)
+    return _chunk_forward(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)[:2]
+
+
+def _setup_context(ctx, inputs, output):
+    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1], output[0])  # d(log decay) reads the output
+    ctx.config = (decay, read, cfg)
+
+
+def _backward(ctx, do, dht):
+    q, qs, a, b, g, h0, cu_seqlens, ht, o = ctx.saved_tensors
+    dq, da, db, dg, dh0 = additive_scan_backward(q, qs, a, b, g, h0, cu_seqlens, ht, o, do, dht, *ctx.config)
+    return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
+
+
+additive_scan.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _acc_precision(acc: torch.dtype) -> str:
+    return "ieee" if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1" else "tf32x3"
+
+
+def _launch(c: Config) -> dict:
+    return dict(num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
+    """Suffix sums along time within each segment of SEGMENT tokens (segments restart at every sequence)."""
+    def within(y):  # y: [B, L, H, D]
+        B, L = y.shape[:2]
+        pad = (-L) % SEGMENT
+        y = torch.nn.functional.pad(y, (0, 0, 0, 0, 0, pad)).reshape(B, -1, SEGMENT, *y.shape[2:])
+        return y.flip(2).cumsum(2).flip(2).reshape(B, -1, *y.shape[3:])[:, :L]
+
+    if cu is None:
+        return within(x)
+    return torch.cat([within(x[:, s:e]) for _, s, e in _segments(cu, 1, x.shape[1])], 1)
+
+
+def _decay_grad(q, dq, a, da, dgs, cu, read, decay) -> torch.Tensor:
+    """d(log decay) of each token: within its segment of SEGMENT tokens, the suffix sum of q*dq (at the read's
+    position) - a*da, plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs
+    [N, NS, H, D]). For a value-dim decay pass (o, do, b, db) for (q, dq, a, da).
+
+    Summing only within segments keeps the rounding of dq and da from accumulating over the sequence.
+    """
+    acc = dgs.dtype
+    qdq = q.to(acc) * dq.to(acc)
+    B, T = q.shape[:2]
+    pos = torch.arange(T, device=q.device)
+    if cu is not None:
+        starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
+        pos = pos - starts
+    if read == "before":  # the read at i sees the decay through i - 1, of its own segment only
+        shifted = torch.cat([qdq[:, 1:], torch.zeros_like(qdq[:, :1])], 1)
+        keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=q.device)])
+        qdq = shifted * keep.view(1, T, 1, 1)
+    x = _segment_suffix_sums(qdq - a.to(acc) * da.to(acc), cu)
+    seg = (pos // SEGMENT).view(1, T)
+    if cu is None:
+        x = x + dgs.gather(1, seg.expand(B, T).view(B, T, 1, 1).expand(B, T, *dgs.shape[2:]))
+    else:
+        seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), cu[1:] - cu[:-1])
+        x = x + dgs[seq, seg[0]].unsqueeze(0)
+    return x.sum(-1, keepdim=True)[..., 0] if decay == "scalar" else x
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The scan on generated kernels: q, a, b contiguous [B, T, H, D] in `dtype` (the caller's tensors
+    pass through untouched when they already are); decay and state in float32 (float64 when the inputs are)."""
+    if ops.c is not None:  # the delta rule: its own template and host code
+        return triton_delta.triton_delta_scan(ops, dtype)
+    ((q, decayed, written),) = ops.reads
+    (qs,) = ops.query_factors
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if ops.g is None:
+        decay, g = "none", None
+    elif ops.side == "value":
+        decay, g = "value", ops.g.contiguous()
+    elif ops.g.shape[-1] == 1:
+        decay, g = "scalar", ops.g[..., 0].contiguous()
+    else:
+        decay, g = "key", ops.g.contiguous()
+    a, b, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, q))
+    h0 = ops.h0.to(acc).contiguous()
+    qs = qs.to(acc).contiguous() if qs is not None else None
+    read = _read_mode(decayed, written)
+    config = scan_config(decay, read, _ACC[acc], dtype, a.shape[0], a.shape[1], a.shape[2], a.shape[3], b.shape[3], a.device)
+    if decay in CHUNK_DECAYS:
+        o, ht = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+    else:
+        o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())  # o in float32
+    return [o], ht
+
+
+@dataclass(frozen=True)
+class Config:
+    """A launch configuration. chunk_additive (decay none, scalar or along the key dim) uses BT, BV (value
+    block of the chunk-parallel kernels), BW (value block of the two sequential state walks), num_warps
+    (of the chunk-parallel kernels) and num_stages; scan_additive (decay along the value dim) uses BT, BV
+    (forward and reverse walks), BK (key block of its dq walk), num_warps, num_stages and split."""
+
+    BT: int  # chunk length (divides the 64-token segment of scan_additive's d(log decay))
+    BV: int
+    BK: int
+    num_warps: int
+    num_stages: int
+    split: int = 0  # scan_additive: 1 = each walk runs a state pass, then every 64-token segment in parallel
+    BW: int = 32  # chunk_additive: value block of the state walks
+
+    def as_list(self) -> list[int]:
+        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split, self.BW]
+
+    @staticmethod
+    def from_list(values) -> Config:
+        return Config(*(int(v) for v in values))
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    """The next power of two at least n and lo (Triton block shapes are powers of two, dots at least 16)."""
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
+
+
+def default_config(decay: str, K: int, V: int) -> Config:
+    if decay == "value":  # scan_additive holds [BT, BT, V] weights in registers: short chunks, more warps
+        return Config(16, min(64, _pow2(V)), min(64, _pow2(K)), 8, 1)
+    # chunk_additive: a whole key row per program; a decay along the key dim adds 16-row strips of work
+    return Config(64, min(64, _pow2(V)), _pow2(K), 8 if decay == "key" or K > 128 else 4, 2, 0, min(32, _pow2(V)))
+
+
+from . import host_delta as triton_delta  # noqa: E402  (the delta rule's host code; it uses the helpers above)

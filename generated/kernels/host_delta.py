@@ -1,0 +1,189 @@
+"""Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
+
+Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
+from lamixer/backends/triton_delta.py: FAMILY, default_config, _chunks, _forward, delta_scan,
+delta_scan_backward, _setup_context, _backward, triton_delta_scan.
+What comes before the copies is this file's own: tb is host.py, as lamixer's triton backend is to
+its delta rule; scan_config gives every call the default configuration (lamixer's tuned ones live in
+lamixer's cache, not here); NAMESPACE registers the custom ops under this module's import name.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runtime.scan import ScanOperands
+from . import host as tb
+from .host import Config, _pow2
+
+NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
+
+
+def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
+    """The delta kernels' configuration: the default."""
+    return default_config(decay, K, V)
+
+
+FAMILY = "scan_delta"
+
+
+def default_config(decay: str, K: int, V: int) -> Config:
+    """Chosen by the registers ptxas reports for sm_90 at K = V = 128 (bf16 inputs): 8 warps and 32-token chunks
+    spill nothing without a decay (64-token chunks or 4 warps spill 0.3 to 2.7 KB a thread in the sequential passes
+    and the gradient kernel); a decay's float32 intermediates take 16-wide value blocks (the least spilling, about
+    0.5 KB left in the reverse pass). A per-key decay holds [BT, BT, BK] weights: 16-token chunks. BK is the key
+    block of the per-chunk kernels; the sequential passes hold K whole, so wider keys take narrower value blocks."""
+    if decay == "key":
+        return Config(16, min(64 if K <= 128 else 32, _pow2(V)), min(64, _pow2(K)), 8, 1)
+    BV = 32 if decay == "none" and K <= 128 else 16
+    return Config(32, min(BV, _pow2(V)), min(64, _pow2(K)), 8, 1)
+
+
+def _chunks(cu: torch.Tensor | None, B: int, T: int, BT: int):
+    """(number of chunks over all sequences, chunk_indices [chunks, 2] = (sequence, chunk in it), chunk_offsets [N + 1])."""
+    if cu is None:
+        return B * tb.triton_cdiv(T, BT), None, None
+    counts = (cu[1:] - cu[:-1] + BT - 1) // BT
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    total = int(offsets[-1])
+    seq = torch.repeat_interleave(torch.arange(len(counts), device=cu.device), counts)
+    indices = torch.stack([seq, torch.arange(total, device=cu.device) - offsets[:-1][seq]], 1)
+    return total, indices.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
+
+
+def _forward(mod, q, qs, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str):
+    """The prepare kernel and the state pass: (T, W, U, states at chunk starts, final state, chunk layout)."""
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu is None else len(cu) - 1
+    BT, BV = c_cfg.BT, min(c_cfg.BV, _pow2(V))
+    BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the sequential ones hold K whole)
+    acc = h0.dtype
+    varlen = cu is not None
+    chunks, indices, offsets = _chunks(cu, B, T, BT)
+    grid_chunks = (tb.triton_cdiv(T, BT), N * H) if not varlen else (chunks, H)
+    work = a.dtype if g is None else acc  # the template's `lowp`: intermediates in the inputs' dtype without a decay
+    tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
+    w = torch.empty(B, T, H, K, dtype=work, device=a.device)
+    u = torch.empty(B, T, H, V, dtype=work, device=a.device)
+    shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **tb._launch(c_cfg))
+    getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
+        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, PRECISION="ieee", ACC_PRECISION=acc_precision, **shapes,
+    )  # fmt: skip
+    h = torch.empty(chunks, H, K, V, dtype=work, device=a.device)
+    ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
+    # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
+    getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BV), N * H)](
+        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=_pow2(K), USE_H0=True, STORE_HT=store_ht, ACC_PRECISION=acc_precision, **shapes,
+    )  # fmt: skip
+    return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::delta_scan", mutates_args=())
+def delta_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
+               h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state).
+
+    qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
+    mod = tb.kernels(FAMILY, decay=decay, read=read, acc=tb._ACC[h0.dtype])
+    cfg = Config.from_list(cfg)
+    _, _, u, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, cfg, True, tb._acc_precision(h0.dtype))
+    B, T, H, _ = a.shape
+    V = b.shape[-1]
+    o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, shapes["BV"]), *grid_chunks)](
+        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **shapes,
+    )  # fmt: skip
+    return o, ht
+
+
+@delta_scan.register_fake
+def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg):
+    B, T, H, K = a.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
+
+
+@torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward", mutates_args=())
+def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
+                        h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
+                        decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
+    mod = tb.kernels(FAMILY, decay=decay, read=read, acc=tb._ACC[h0.dtype])
+    cfg = Config.from_list(cfg)
+    acc = h0.dtype
+    precision = tb._acc_precision(acc)
+    tm, w, u, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, cfg, False, precision)
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    NV = tb.triton_cdiv(V, shapes["BV"])
+    do, dht = do.contiguous(), dht.contiguous()
+    common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
+    du = torch.empty(B, T, H, V, dtype=acc, device=a.device)
+    getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, do, du, cu_seqlens, indices, T, **common)
+    longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    NS = tb.triton_cdiv(longest, tb.SEGMENT)
+    dgs = torch.empty(NV, N, NS, H, K, dtype=acc, device=a.device) if decay != "none" else None
+    dh = torch.empty_like(h)
+    dh0 = torch.empty_like(h0)
+    getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
+        q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, offsets, T, NS, N * NS * H * K,
+        P=tb.SEGMENT, USE_DHT=True, **dict(common, BK=_pow2(K)),
+    )  # fmt: skip
+    dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from dq, da, dc
+    da = torch.empty(*a.shape, dtype=acc, device=a.device)
+    dc = torch.empty(*c.shape, dtype=acc, device=c.device)
+    db = torch.empty_like(b)
+    getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(tb.triton_cdiv(K, shapes["BK"]), *grid_chunks)](
+        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, cu_seqlens, indices, T, **common,
+    )  # fmt: skip
+    if g is None:
+        dg = q.new_empty(0)
+    else:  # the erase key sees the decay as a query after it does: its c*dc joins q*dq unshifted
+        dg = tb._decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay)
+        erase = tb._segment_suffix_sums(c.to(acc) * dc, cu_seqlens)
+        dg = (dg + (erase.sum(-1) if decay == "scalar" else erase)).to(g.dtype)
+    return dq.to(q.dtype), da.to(a.dtype), db, dc.to(c.dtype), dg, dh0
+
+
+@delta_scan_backward.register_fake
+def _(q, qs, a, b, c, g, h0, cu_seqlens, ht, do, dht, decay, read, cfg):
+    dg = torch.empty_like(g) if g is not None else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
+
+
+def _setup_context(ctx, inputs, output):
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg = inputs
+    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[1])
+    ctx.config = (decay, read, cfg)
+
+
+def _backward(ctx, do, dht):
+    q, qs, a, b, c, g, h0, cu_seqlens, ht = ctx.saved_tensors
+    dq, da, db, dc, dg, dh0 = delta_scan_backward(q, qs, a, b, c, g, h0, cu_seqlens, ht, do, dht, *ctx.config)
+    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None
+
+
+delta_scan.register_autograd(_backward, setup_context=_setup_context)
+
+
+def triton_delta_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A delta-rule scan on generated kernels: q, a, b, c contiguous [B, T, H, D] in `dtype`; decay and state in
+    float32 (float64 when the inputs are)."""
+    ((q, decayed, written),) = ops.reads
+    (qs,) = ops.query_factors
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    if ops.g is None:
+        decay, g = "none", None
+    elif ops.g.shape[-1] == 1:
+        decay, g = "scalar", ops.g[..., 0].contiguous()
+    else:
+        decay, g = "key", ops.g.contiguous()
+    a, b, c, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, ops.c, q))
+    h0 = ops.h0.to(acc).contiguous()
+    qs = qs.to(acc).contiguous() if qs is not None else None
+    read = tb._read_mode(decayed, written)
+    B, T, H, K = a.shape
+    config = scan_config(decay, read, tb._ACC[acc], dtype, B, T, H, K, b.shape[3], a.device)
+    o, ht = delta_scan(q, qs, a, b, c, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+    return [o], ht

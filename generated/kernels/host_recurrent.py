@@ -1,0 +1,143 @@
+"""Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
+
+Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
+from lamixer/backends/recurrent.py: MAX_T, MAX_HEAD_DIM, _read_mode, _READS, _reads, _pow2,
+_multiprocessors, WARPS, WIDEST, blocks, _strides, _ACC, _kernel, launch, recurrent_scan, scan.
+What comes before the copies is this file's own: NAMESPACE registers the custom ops under this
+module's import name; _kernel imports kernels() from host.py.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..runtime.scan import ScanOperands
+
+NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
+
+
+MAX_T = 64  # the longest sequence the recurrent kernel takes (see the module docstring)
+
+
+MAX_HEAD_DIM = 256  # a whole key column of the state sits in one program's registers
+
+
+def _read_mode(decayed: bool, written: bool) -> str:
+    return "after" if written else ("mid" if decayed else "before")
+
+
+_READS = {((True, True),): "after"}
+
+
+def _reads(modes: tuple[tuple[bool, bool], ...]) -> str:
+    """The reads' positions joined by "_" (as the template takes them)."""
+    found = _READS.get(modes)
+    return found if found is not None else "_".join(_read_mode(dec, wr) for dec, wr in modes)
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+WARPS = {(16, 16): 2, (16, 32): 2, (16, 64): 2, (32, 16): 2, (32, 32): 4, (32, 64): 2, (64, 16): 4, (64, 32): 2,
+         (128, 16): 4, (128, 32): 4, (256, 16): 8}  # fmt: skip
+
+
+WIDEST = {16: 64, 32: 64, 64: 32, 128: 32, 256: 16}
+
+
+def blocks(K: int, V: int, programs: int, device: torch.device) -> tuple[int, int, int]:
+    """(BK, BV, num_warps): the whole key dim, the widest value block WIDEST allows, narrowed (down to 16) while the
+    (value block, sequence x head) programs fill fewer than two waves of the GPU's multiprocessors."""
+    BK = _pow2(K)
+    BV = min(_pow2(V), WIDEST[BK])
+    while BV > 16 and programs * -(-V // BV) < 2 * _multiprocessors(device):
+        BV //= 2
+    return BK, BV, WARPS[(BK, BV)]
+
+
+def _strides(x: torch.Tensor | None) -> tuple[int, int, int, int]:
+    """(batch, time, head, dim) strides of a [B, T, H, D] operand (D may be 1: a scalar)."""
+    return (0, 0, 0, 0) if x is None else tuple(x.stride())
+
+
+def _ACC(dtype: torch.dtype) -> str:
+    return {torch.float32: "float32", torch.float64: "float64"}[dtype]
+
+
+@functools.lru_cache(maxsize=1024)
+def _kernel(rule: str, decay: str, reads: str, acc: torch.dtype, K: int, V: int, programs: int, device: torch.device):
+    """(the jitted kernel, BK, BV, num_warps) for one configuration and shape: looked up once per shape."""
+    from .host import kernels
+
+    mod = kernels("recurrent", rule=rule, decay=decay, reads=reads, acc=_ACC(acc))
+    return (getattr(mod, f"{mod.NAME}_kernel"), *blocks(K, V, programs, device))
+
+
+def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
+           g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
+           out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Run the kernel: o [R, B, T, H, V] in out_dtype (one slab per read) and the final state [N, H, K, V] in h0's dtype."""
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    device = b.device
+    kernel, BK, BV, warps = _kernel(rule, decay, reads, h0.dtype, K, V, N * H, device)
+    o = torch.empty(len(queries), B, T, H, V, dtype=out_dtype, device=device)
+    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=device)
+    strides = [s for x in (*queries, a, b, c, g) for s in _strides(x)]
+    kernel[(-(-V // BV), N * H)](
+        *queries, qs, a, b, c, g, h0, o, ht, cu_seqlens, T, B * T * H * V, *strides,
+        H=H, K=K, V=V, BK=BK, BV=BV, USE_QS=qs is not None, USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None,
+        num_warps=warps,
+    )  # fmt: skip
+    return o, ht
+
+
+@torch.library.custom_op(f"{NAMESPACE}::recurrent_scan", mutates_args=())
+def recurrent_scan(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
+                   g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
+                   out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S <- D_t S;  S <- S + a_t (b_t + S^T c_t)^T;  o_t = (qs q_t)^T S at each read's position, token by token.
+
+    queries: one [B, T, H, K] per read (positions `reads`, joined by "_"); qs: per-head query factors [R, H] or None;
+    a, c: [B, T, H, K]; b: [B, T, H, V]; g: [B, T, H, 1] (scalar), [.., K] (key) or [.., V] (value), each in any
+    dtype and with any strides (broadcast operands need no copy). Forward only: the chunk kernels serve autograd."""
+    return launch(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype)
+
+
+@recurrent_scan.register_fake
+def _(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype):
+    B, T, H, K = a.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return b.new_empty(len(queries), B, T, H, b.shape[-1], dtype=out_dtype), h0.new_empty(N, H, K, b.shape[-1])
+
+
+def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One state's scan on the recurrent kernel: ([o per read] in `dtype`, final state in float32, float64 when
+    the inputs are). Operands go in as they are, in their dtype and strides: the kernel converts as it loads."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    g = ops.g
+    decay = "none" if g is None else "value" if ops.side == "value" else "scalar" if g.shape[-1] == 1 else "key"
+    queries = [q for q, _, _ in ops.reads]
+    reads = _reads(tuple((dec, wr) for _, dec, wr in ops.reads))
+    factors = ops.query_factors
+    if len(factors) == 1:
+        qs = factors[0]
+        qs = None if qs is None else (qs if qs.dtype == acc else qs.to(acc)).contiguous()
+    elif all(f is None for f in factors):
+        qs = None
+    else:
+        qs = torch.stack([f.to(acc) if f is not None else torch.ones(ops.a.shape[2], dtype=acc, device=ops.a.device) for f in factors])
+    h0 = (ops.h0 if ops.h0.dtype == acc else ops.h0.to(acc)).contiguous()
+    rule = "additive" if ops.c is None else "delta"
+    args = (queries, qs, ops.a, ops.b, ops.c, ops.g, h0, ops.cu_seqlens, rule, decay, reads, dtype)
+    # eager calls skip the custom op's dispatch (it serves torch.compile's tracing, which sees the op)
+    o, ht = recurrent_scan(*args) if torch.compiler.is_compiling() else launch(*args)
+    return ([o[0]] if len(queries) == 1 else list(o.unbind(0))), ht

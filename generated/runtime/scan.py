@@ -1,0 +1,265 @@
+"""Chunkwise scans, block attention and whole-input statistics: the non-local parts of a mixer.
+
+Each state is one chunked scan of S_t = D_t S_{t-1} + a_t (b_t + S'^T c_t)^T with the decay D_t
+along the key dim (scalar decay is its one-column case) or along the value dim. Within a chunk,
+with B_t the cumulative log decay:
+  additive  U = b
+  delta     (I - tril(M, -1)) U = b + (c e^B) S_0,  M_ij = sum_k c_ik a_jk e^(B_ik - B_jk)
+  reads     o_i = (q_i e^(Bq_i)) S_0 + sum_j sum_k q_ik a_jk e^(Bq_ik - B_jk) U_j   (j <= i, or j < i)
+  state     S_C = e^(B_C) S_0 + (a e^(B_C - B))^T U
+Every exponent is a sum of log decays over a segment of ordered positions, summed directly (never
+as a difference of prefix sums), so it never overflows for decays <= 1 and its gradient does not
+cancel under strong decay. Differentiable by autograd.
+
+Packed sequences (cu_seqlens: B = 1, sequence n at tokens cu[n]:cu[n + 1]) share the per-token work;
+the functions here are the ones that see their boundaries.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import ops
+
+
+def _pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """[B, H, T, D] -> [B, H, N, C, D], zero-padded at the end (a zero token leaves a state unchanged)."""
+    T = x.shape[2]
+    N = -(-T // C)
+    x = F.pad(x, (0, 0, 0, N * C - T))
+    return x.reshape(*x.shape[:2], N, C, x.shape[-1])
+
+
+def _segsum(g: torch.Tensor) -> torch.Tensor:
+    """seg[.., i, j, :] = sum of g over j < s <= i (for j <= i), built without differences of prefix sums.
+
+    A difference of cumulative sums would cancel: under strong decay the gradient of a small
+    segment would be the rounding noise of two large ones.
+    """
+    C = g.shape[-2]
+    after_j = torch.ones(C, C, dtype=torch.bool, device=g.device).triu(1)  # [j, s]: s > j
+    x = torch.where(after_j.unsqueeze(-1), g.unsqueeze(-3), torch.zeros((), dtype=g.dtype, device=g.device))
+    return x.cumsum(-2).transpose(-2, -3)  # [.., i, j, :]
+
+
+def _decay_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp of a (non-positive) log decay, flushed to 0 below the smallest normal number.
+
+    Learned gates forget hard; their decays would otherwise be subnormal floats, which CPUs multiply
+    tens of times slower (a GLA layer trained 6x slower) for a contribution below 1e-38.
+    """
+    floor = math.log(torch.finfo(x.dtype).tiny)
+    return torch.exp(torch.where(x < floor, torch.full_like(x, float("-inf")), x))
+
+
+def _suffix(g: torch.Tensor) -> torch.Tensor:
+    """sum of g over s > j within the chunk, as [.., C, D]."""
+    return F.pad(g[..., 1:, :], (0, 0, 0, 1)).flip(-2).cumsum(-2).flip(-2)
+
+
+def _decay_weights(seg: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """exp of the segment sums where mask (over [i, j]) holds, else 0."""
+    mask = mask.unsqueeze(-1)
+    return _decay_exp(torch.where(mask, seg, torch.full_like(seg, float("-inf"))))
+
+
+def _pair(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """sum_k x_ik a_jk w_ijk over [.., C, C]; w has one column (scalar decay) or K."""
+    if w.shape[-1] == 1:
+        return (x @ a.transpose(-1, -2)) * w.squeeze(-1)
+    return torch.einsum("...ik,...jk,...ijk->...ij", x, a, w)
+
+
+def chunk_scan(a, b, c, gk, gv, reads, h0, C):
+    """One state's scan over [B, H, T, *] tensors; returns ([o per read, [B, H, T, V]], final state [B, H, K, V]).
+
+    a, c: [B, H, T, K] write and erase keys (c None: additive); b: [B, H, T, V];
+    gk: [B, H, T, 1 or K] log decay on the key side, or gv: [B, H, T, V] on the value side;
+    reads: [(q [B, H, T, K], decayed, written)]; h0: [B, H, K, V].
+    """
+    T = a.shape[2]
+    dev, dt = a.device, a.dtype
+    ar = torch.arange(C, device=dev)
+    incl, strict = ar[:, None] >= ar[None, :], ar[:, None] > ar[None, :]
+    a, b = _pad_chunks(a, C), _pad_chunks(b, C)
+    qs = [(_pad_chunks(q, C), dec, wr) for q, dec, wr in reads]
+    g = _pad_chunks(gk if gv is None else gv, C)
+    Bc = g.cumsum(-2)  # decay from the chunk start through token i: [B, H, N, C, D]
+    Bx = Bc - g  # ... up to token i, exclusive
+    seg = _segsum(g)  # decay between a write at j and a read at i: [B, H, N, C, C, D]
+    seg_x = F.pad(seg[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # the same, excluding token i itself
+    last = Bc[..., -1:, :]  # the whole chunk's decay: [B, H, N, 1, D]
+    to_end = _decay_exp(_suffix(g))  # decay from a write at j to the chunk's end
+    read_parts = []
+    for q, dec, wr in qs:
+        w = _decay_weights(seg if dec else seg_x, incl if wr else strict)
+        read_parts.append((q, _decay_exp(Bc if dec else Bx), w))
+    decay_all = _decay_exp(last)  # [B, H, N, 1, D]
+    if gv is None:
+        a_end = a * to_end
+        if c is None:
+            U = b
+            delta_S = a_end.transpose(-1, -2) @ U  # each chunk's contribution to the state: [B, H, N, K, V]
+            S, starts = h0, []
+            for n in range(a.shape[2]):  # the only sequential part: one fused multiply-add per chunk
+                starts.append(S)
+                S = torch.addcmul(delta_S[:, :, n], decay_all[:, :, n].transpose(-1, -2), S)
+        else:
+            c = _pad_chunks(c, C)
+            L = torch.eye(C, dtype=dt, device=dev) - _pair(c, a, _decay_weights(seg, strict))
+            rhs = torch.cat([b, c * _decay_exp(Bc)], -1)
+            sol = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
+            U0, W = sol[..., : b.shape[-1]], sol[..., b.shape[-1] :]  # U = U0 + W S_0
+            S, starts, Us = h0, [], []
+            for n in range(a.shape[2]):
+                starts.append(S)
+                Us.append(torch.baddbmm(U0[:, :, n].flatten(0, 1), W[:, :, n].flatten(0, 1), S.flatten(0, 1)).view_as(U0[:, :, n]))
+                S = decay_all[:, :, n].transpose(-1, -2) * S + a_end[:, :, n].transpose(-1, -2) @ Us[-1]
+            U = torch.stack(Us, 2)
+        S0 = torch.stack(starts, 2)  # the state entering each chunk: [B, H, N, K, V]
+        outs = [(q * eq) @ S0 + _pair(q, a, w) @ U for q, eq, w in read_parts]
+    else:
+        delta_S = a.transpose(-1, -2) @ (b * to_end)
+        S, starts = h0, []
+        for n in range(a.shape[2]):
+            starts.append(S)
+            S = torch.addcmul(delta_S[:, :, n], decay_all[:, :, n], S)
+        S0 = torch.stack(starts, 2)
+        outs = [(q @ S0) * eq + torch.einsum("...ij,...ijv,...jv->...iv", q @ a.transpose(-1, -2), w, b) for q, eq, w in read_parts]
+    return [o.flatten(2, 3)[:, :, :T] for o in outs], S
+
+
+
+
+def _block_attention(q, k, v, scale, size: int) -> torch.Tensor:
+    """Causal softmax attention within blocks of `size` tokens of one sequence: [B, T, H, D] -> [B, T, H, Dv]. Each
+    block is one batch row of torch's scaled_dot_product_attention (a fused kernel on a GPU: no scores kept)."""
+    B, T, H, _ = q.shape
+    size = min(size, T)  # blocks start at the first token: a block longer than the sequence is the sequence
+    nb = -(-T // size)
+
+    def blocks(x):  # [B * nb, H, size, D], a view where no padding is needed
+        x = F.pad(x, (0, 0, 0, 0, 0, nb * size - T)) if nb * size != T else x
+        return x.reshape(B * nb, size, H, x.shape[-1]).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(blocks(q * scale), blocks(k), blocks(v), is_causal=True, scale=1.0)  # [B * nb, H, size, Dv]
+    return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
+
+
+@dataclass
+class ScanOperands:
+    """One state's scan, every per-token operand as [B, T, H, D] (D = 1 for a scalar)."""
+
+    a: torch.Tensor  # write key [.., K]
+    b: torch.Tensor  # write value [.., V]
+    c: torch.Tensor | None  # erase key [.., K] (delta rule), None for additive
+    g: torch.Tensor | None  # log decay [.., 1 or K] on the key side, [.., V] on the value side
+    side: str  # "key" | "value"
+    reads: list[tuple[torch.Tensor, bool, bool]]  # (query [.., K], decayed, written)
+    query_factors: list[torch.Tensor | None]  # per-head factors [H] the kernel applies to direct queries
+    h0: torch.Tensor  # [N, H, K, V]
+    cu_seqlens: torch.Tensor | None
+    chunk: int
+
+
+def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The chunked scan in PyTorch, one sequence at a time when packed: ([o per read], final state)."""
+    a = ops.a
+    g = ops.g if ops.g is not None else a.new_zeros(*a.shape[:3], 1)
+    modes = [(dec, wr) for _, dec, wr in ops.reads]
+
+    def one(h0, a, b, c, g, *qs):
+        t = [x.transpose(1, 2) for x in (a, b, c, g, *qs)]  # -> [B, H, T, D]
+        reads = [(q, dec, wr) for q, (dec, wr) in zip(t[4:], modes)]
+        gk, gv = (t[3], None) if ops.side == "key" else (None, t[3])
+        return chunk_scan(t[0], t[1], t[2] if ops.c is not None else None, gk, gv, reads, h0, ops.chunk)
+
+    c = ops.c if ops.c is not None else a
+    qs = [q for q, _, _ in ops.reads]
+    if ops.cu_seqlens is None:
+        results = [one(ops.h0, a, ops.b, c, g, *qs)]
+    else:
+        cu = ops.cu_seqlens.tolist()
+        results = [one(ops.h0[i : i + 1], *(x[:, s:e] for x in (a, ops.b, c, g, *qs))) for i, (s, e) in enumerate(zip(cu[:-1], cu[1:]))]
+    outs = [torch.cat([r[0][i] for r in results], 2).transpose(1, 2) for i in range(len(qs))]
+    return outs, torch.cat([r[1] for r in results], 0)
+
+
+def _operand(x, B: int, T: int, H: int, width: int | None = None):
+    """A scan operand as [B, T, H, width] (width None: its own last axis; a scalar is one column), as it is when it already is."""
+    if x is None:
+        return None
+    shape = x.shape
+    if len(shape) == 3:
+        x = x.unsqueeze(-1)
+        shape = x.shape
+    if shape[0] == B and shape[1] == T and shape[2] == H and (width is None or shape[3] == width):
+        return x
+    return x.expand(B, T, H, shape[3] if width is None else width)
+
+
+def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_seqlens, chunk, query_factors=None):
+    """Run one state's scan, or one scan for several states that share key, decay and queries (their values side by side).
+
+    shape is (B, T, H); every operand has three leading axes that broadcast to it, then its dims (none for a scalar,
+    which counts as one column): key and erase [.., K]; values [.., V] per state (None for a vector state, written
+    with b = 1); log_decay [.., 1 or K] on the key side, [.., V] on the value side, or None; reads
+    [(query [.., K], decayed, written)]; h0 the initial states, [N, H, K, V] (or [N, H, K] for a vector state).
+    `scan` runs the ScanOperands (torch_scan, or generated kernels); query_factors are per-head factors [H] it
+    applies to the queries (None: none). Returns each state's read outputs ([B, T, H, V], or [B, T, H]) and final
+    states ([N, H, K, V], or [N, H, K]).
+    """
+    B, T, H = shape
+    K = h0[0].shape[2]
+    a = _operand(key, B, T, H, K)
+    if len(values) == 1:  # the common case: one state, nothing to concatenate
+        b = a.new_ones(B, T, H, 1) if values[0] is None else _operand(values[0], B, T, H, h0[0].shape[3])
+        h = h0[0].unsqueeze(-1) if values[0] is None else h0[0]
+    else:
+        b = torch.cat([a.new_ones(B, T, H, 1) if v is None else _operand(v, B, T, H, s.shape[3]) for v, s in zip(values, h0)], -1)
+        h = torch.cat([s.unsqueeze(-1) if v is None else s for v, s in zip(values, h0)], -1)
+    operands = ScanOperands(
+        a, b, _operand(erase, B, T, H, K), _operand(log_decay, B, T, H), side,
+        [(_operand(q, B, T, H, K), decayed, written) for q, decayed, written in reads],
+        query_factors or [None] * len(reads), h, cu_seqlens, chunk,
+    )  # fmt: skip
+    outs, S = scan(operands)
+    if len(values) == 1:  # the common case, without slicing
+        if values[0] is None:
+            return [[o.squeeze(-1) for o in outs]], [S.squeeze(-1)]
+        return [outs], [S]
+    read_parts, finals, lo = [], [], 0
+    for v, s in zip(values, h0):
+        width = 1 if v is None else s.shape[3]
+        parts = [o[..., lo : lo + width] for o in outs] + [S[..., lo : lo + width]]
+        parts = [p.squeeze(-1) for p in parts] if v is None else parts
+        read_parts.append(parts[:-1])
+        finals.append(parts[-1])
+        lo += width
+    return read_parts, finals
+
+
+def per_sequence(fn, cu_seqlens, *xs: torch.Tensor) -> list:
+    """fn applied to each packed sequence's slice of xs [B, T, ...] (to the whole when cu_seqlens is None)."""
+    if cu_seqlens is None:
+        return [fn(*xs)]
+    cu = cu_seqlens.tolist()
+    return [fn(*(x[:, s:e] for x in xs)) for s, e in zip(cu[:-1], cu[1:])]
+
+
+def block_attention(q, k, v, scale, size: int, cu_seqlens=None) -> torch.Tensor:
+    """Causal softmax attention within blocks of `size` tokens of every sequence: [B, T, H, D] -> [B, T, H, Dv]."""
+    scale = torch.as_tensor(scale, dtype=q.dtype, device=q.device).reshape(())
+    return torch.cat(per_sequence(lambda *x: _block_attention(*x, scale, size), cu_seqlens, q, k, v), 1)
+
+
+def stat(fn: str, x: torch.Tensor, groups: tuple[str, ...], cu_seqlens=None) -> torch.Tensor:
+    """A whole-input statistic of x [B, T, H, *dims] (stop-gradient) as [B|1, 1, H|1]; grouped by batch with packed
+    sequences, [1, T, H|1]: every token sees its own sequence's value (each packed sequence is a batch row)."""
+    if cu_seqlens is not None and "batch" in groups:
+        vals = per_sequence(lambda xs: ops.stat(fn, xs, groups).unsqueeze(1).expand(-1, xs.shape[1], -1), cu_seqlens, x)
+        return torch.cat(vals, 1)
+    return ops.stat(fn, x, groups).unsqueeze(1)

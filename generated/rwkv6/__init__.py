@@ -1,0 +1,12 @@
+"""rwkv6: RWKV-6 (Finch) time mixing (Peng et al., 2024); compiled by lamixer (see README.md).
+
+    o, final_state = rwkv6(r, k, w, v, u, output_final_state=True)
+    layer = Layer(hidden_size=1024, num_heads=4)
+    y = layer(x)
+"""
+from ..runtime.errors import ArgumentError, LamixerError
+from ..runtime.layer import LayerState
+from .layer import Layer
+from .mixer import rwkv6
+
+__all__ = ["ArgumentError", "LamixerError", "Layer", "LayerState", "rwkv6"]

@@ -1,0 +1,349 @@
+"""A spec's mixer as a Python module: its per-token work written out from the kernel plan, line by line.
+
+The module holds the mixer's call (the spec's inputs as named parameters, then scale, initial_state,
+output_final_state, cu_seqlens and backend, as lamixer.Mixer takes them), its default scale, and
+`forward`: one line per node of the plan, over [B, T, H, *dims] tensors in the compute dtype, and one
+scan_group call per scan. It evaluates exactly what lamixer's torch backend evaluates (the same
+ops, in the same order, on the same runtime), without walking a graph.
+
+Values keep three leading axes (batch, time, head; 1 where a value does not vary along one) and
+their named feature dims; numbers (constants, dim sizes, the scale) stay Python numbers until an
+operation needs a tensor.
+"""
+from __future__ import annotations
+
+import re
+
+from ..compiler import Compiled
+from ..explain import expr
+from . import kernels as kernels_mod
+from . import source as src
+from .source import Module, Names
+
+_LEAVES = ("input", "param", "head", "const", "dim", "scale")
+_NUMBERS = ("const", "dim", "scale")
+CALL_ARGUMENTS = ("scale", "initial_state", "output_final_state", "cu_seqlens", "backend")
+# module-level names of a mixer module, which no spec name may take
+MODULE_NAMES = ("SIGNATURE", "BACKENDS", "BINDINGS", "TRITON_MISSING", "forward", "default_scale", "torch", "F", "ops", "Operand", "Signature",
+                "bind", "check", "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "torch_scan", "scans",
+                # and what the package's __init__ exports beside the mixer, or its submodules
+                "Layer", "LayerState", "ArgumentError", "LamixerError", "mixer", "layer", "runtime", "kernels")  # fmt: skip
+
+
+class _Value:
+    """A node's value in the generated code: its expression, whether it is a Python number, its leading axes."""
+
+    def __init__(self, code: str, number: bool, lead: tuple[str, str, str] = ("1", "1", "1")):
+        self.code, self.number, self.lead = code, number, lead
+
+
+def _max_lead(*vals: _Value) -> tuple[str, str, str]:
+    return tuple(next((v.lead[i] for v in vals if not v.number and v.lead[i] != "1"), "1") for i in range(3))
+
+
+class MixerWriter:
+    def __init__(self, compiled: Compiled, module: Module, function_name: str):
+        self.c, self.m = compiled, module
+        self.g, self.plan, self.nodes = compiled.graph, compiled.plan, compiled.plan.nodes
+        self.function_name = function_name
+        self.names = Names(MODULE_NAMES + (function_name, "call", "scan", "dtype", "device"))
+        # spec names first, so they keep theirs; then the shape locals; temporaries take what is left
+        self.dims = {d: self.names.claim(d) for d in self.g.dims}
+        self.spec_names: dict[int, str] = {}
+        for n in self.plan.order:
+            d = self.nodes[n]
+            if d["op"] in ("input", "param"):
+                self.spec_names[n] = self.names.claim(d["name"])
+            elif "let" in d:
+                self.spec_names[n] = self.names.claim(d["let"])
+        self.states = {s: self.names.claim(s) for s in self.g.states}
+        out = self.nodes[self.g.output]["args"][0]
+        if out not in self.spec_names and self.nodes[out]["op"] not in _LEAVES:
+            self.spec_names[out] = self.names.claim(self.g.output_name)
+        self.B, self.T, self.H = (self.names.claim(x) for x in ("B", "T", "H"))
+        self.scale = self.names.claim("scale")
+        self.env: dict[int, _Value] = {}
+        self.lines: list[str] = []
+
+    # ---- values ----
+    def tensor(self, v: _Value) -> str:
+        """A value as a tensor (a number becomes a [1, 1, 1] tensor in the compute dtype)."""
+        return v.code if not v.number else self.m.uses(f"torch.full((1, 1, 1), {v.code}, dtype=dtype, device=device)")
+
+    def sizes(self, dims) -> list[str]:
+        return [self.dims[d] for d in dims]
+
+    def full(self, n: int) -> str:
+        """Node n's value expanded to [B, T, H, *dims] (as is when it already is)."""
+        v = self.env[n]
+        if not v.number and v.lead == ("B", "T", "H"):
+            return v.code
+        return f"{self.tensor(v)}.expand({', '.join([self.B, self.T, self.H, *self.sizes(self.nodes[n]['dims'])])})"
+
+    def assign(self, n: int, code: str, lead, comment: str = "") -> None:
+        name = self.spec_names.get(n) or self.names.claim(f"t{n}")
+        note = src.shape(lead, self.nodes[n]["dims"]) + (f": {comment}" if comment else "")
+        self.lines.append(f"{name} = {self.m.uses(code)}  # {note}")
+        self.env[n] = _Value(name, False, lead)
+
+    # ---- nodes ----
+    def leaf(self, n: int) -> None:
+        d = self.nodes[n]
+        op = d["op"]
+        if op in _NUMBERS:
+            code = {"const": lambda: src.number(d["value"]), "dim": lambda: self.dims[d["name"]], "scale": lambda: self.scale}[op]()
+            if n in self.spec_names:  # a let-bound number keeps its name
+                self.lines.append(f"{self.spec_names[n]} = {code}")
+                code = self.spec_names[n]
+            self.env[n] = _Value(code, True)
+        elif op == "input":
+            self.assign(n, f"call.inputs[{src.text(d['name'])}].to(dtype)", ("B", "T", "H"))
+        elif op == "param":
+            lead = ("1", "1", "H") if d["per_head"] else ("1", "1", "1")
+            index = "None, None" if d["per_head"] else "None, None, None"
+            self.assign(n, f"call.inputs[{src.text(d['name'])}].to(dtype)[{index}]", lead)
+        else:  # the head index h
+            self.assign(n, f"torch.arange({self.H}, dtype=dtype, device=device).reshape(1, 1, {self.H})", ("1", "1", "H"))
+
+    def pointwise(self, n: int) -> None:
+        d = self.nodes[n]
+        op, dims = d["op"], d["dims"]
+        vals = [self.env[a] for a in d["args"]]
+        arg_dims = [self.nodes[a]["dims"] for a in d["args"]]
+        lead = _max_lead(*vals)
+        if op == "unary":
+            self.assign(n, src.unary(d["fn"], self.tensor(vals[0])), lead)
+        elif op == "binary":
+            a, b = vals
+            if a.number and b.number:  # one operand a tensor, as the torch backend has it
+                a = _Value(self.tensor(a), False)
+            if d["fn"] in ("max", "min"):  # torch.maximum and minimum take tensors only
+                a, b = (_Value(self.tensor(v), False) for v in (a, b))
+            x, y = (v.code if v.number else src.align(v.code, da, dims) for v, da in zip((a, b), arg_dims))
+            self.assign(n, src.binary(d["fn"], x, y), lead)
+        elif op == "reduce":
+            if not arg_dims[0]:  # a scalar reduces to itself
+                self.env[n] = vals[0]
+                return
+            self.assign(n, f"ops.reduce({src.text(d['fn'])}, {vals[0].code}, {len(arg_dims[0])})", lead)
+        elif op == "normalize":
+            self.assign(n, f"ops.normalize({src.text(d['fn'])}, {self.tensor(vals[0])})", lead)
+        elif op == "dot":
+            a, b = (self.tensor(v) for v in vals)
+            axes = tuple(range(-len(arg_dims[0]), 0))
+            self.assign(n, f"({a} * {src.align(b, arg_dims[1], arg_dims[0])}).sum({axes if len(axes) > 1 else axes[0]})", lead)
+        elif op == "outer":
+            a, b = (src.align(self.tensor(v), da, dims) for v, da in zip(vals, arg_dims))
+            self.assign(n, f"{a} * {b}", lead)
+        elif op == "matmul":  # contract the last dim of the first with the first of the second
+            dx, dy = arg_dims
+            union = dx + tuple(x for x in dy if x not in dx)
+            a, b = (src.align(self.tensor(v), da, union) for v, da in zip(vals, arg_dims))
+            self.assign(n, f"({a} * {b}).sum({union.index(dx[-1]) - len(union)})", lead)
+        else:
+            raise AssertionError(op)
+
+    def stat(self, n: int) -> None:
+        d = self.nodes[n]
+        self.m.use(self.m.runtime + ".scan", "stat")
+        lead = ("B" if "batch" in d["groups"] else "1", "1", "H" if "head" in d["groups"] else "1")
+        scope = f"per {', '.join(d['groups'])}" if d["groups"] else "over the whole input"
+        self.assign(n, f"stat({src.text(d['fn'])}, {self.full(d['args'][0])}, {src.names(d['groups'])}, call.cu_seqlens)", lead,
+                    f"{d['fn']} {scope}, stop-gradient")  # fmt: skip
+
+    def block_attention(self, n: int) -> None:
+        d = self.nodes[n]
+        self.m.use(self.m.runtime + ".scan", "block_attention")
+        q, k, v, scale = d["args"]
+        size = str(d["size"]) if isinstance(d["size"], int) else self.dims[d["size"]]
+        args = ", ".join([self.full(q), self.full(k), self.full(v), self.env[scale].code, size])
+        self.assign(n, f"block_attention({args}, call.cu_seqlens)", ("B", "T", "H"), f"causal softmax attention in blocks of {d['size']}")
+
+    def scan(self, state: str) -> None:
+        """One scan_group call: the scan of `state` and those fusable with it (values side by side)."""
+        self.m.use(self.m.runtime + ".scan", "scan_group")
+        group = next((g for g in self.plan.fusable if state in g), (state,))
+        scans = [self.c.classification.scan(name) for name in group]
+        s = scans[0]
+        fused = " (one scan, values side by side)" if len(group) > 1 else ""
+        self.lines.append(f"# scan {' + '.join(group)}{fused}: {s.describe()}, chunk {self.plan.chunk[s.state]}")
+
+        def operand(n: int | None) -> str:
+            return "None" if n is None else self.tensor(self.env[n])
+
+        outs = []
+        for t in scans:
+            names = []
+            for r in t.reads:
+                name = self.spec_names.get(r.node) or self.names.claim(f"{t.state}_read")
+                self.env[r.node] = _Value(name, False, ("B", "T", "H"))
+                names.append(name)
+            outs.append(f"[{', '.join(names)}]")
+        reads = ", ".join(f"({operand(r.query)}, {r.decayed}, {r.written})" for r in s.reads)
+        when = "; ".join(f"{expr(self.g, r.query)} @ {s.state} {r.when}" for r in s.reads)
+        side = "value" if s.decay == "value" else "key"
+        self.lines += [
+            f"[{', '.join(outs)}], [{', '.join(self.states[t.state] for t in scans)}] = scan_group(",
+            f"    scan, ({self.B}, {self.T}, {self.H}),",
+            f"    key={operand(s.write_key)},",
+            f"    values=[{', '.join('None' if t.value_dim is None else operand(t.write_value) for t in scans)}],",
+            f"    erase={operand(s.erase_key)},",
+            f"    log_decay={operand(s.log_decay)},",
+            f"    side={src.text(side)},",
+            f"    reads=[{reads}],{'  # ' + when if when else ''}",
+            f"    h0=[{', '.join(f'call.initial_state[{src.text(t.state)}]' for t in scans)}],",
+            "    cu_seqlens=call.cu_seqlens,",
+            f"    chunk={self.plan.chunk[s.state]},",
+            ")",
+        ]
+        self.done.update(group)
+
+    def forward(self) -> list[str]:
+        """The body of forward(call, scan)."""
+        self.done: set[str] = set()
+        for n in self.plan.order:
+            op = self.nodes[n]["op"]
+            if n in self.plan.read_scan:
+                if self.plan.read_scan[n] not in self.done:
+                    self.scan(self.plan.read_scan[n])
+            elif op in _LEAVES:
+                self.leaf(n)
+            elif op == "stat":
+                self.stat(n)
+            elif op == "block_attention":
+                self.block_attention(n)
+            elif op != "output":
+                self.pointwise(n)
+        for s in self.c.classification.scans:
+            if s.state not in self.done:
+                self.scan(s.state)
+        o = self.full(self.nodes[self.g.output]["args"][0])
+        head = [f"{', '.join([self.B, self.T, self.H])} = call.batch, call.length, call.heads"]
+        used = [d for d, local in self.dims.items() if any(re.search(rf"\b{local}\b", line.split("#")[0]) for line in self.lines)]
+        if used:
+            head.append(f"{', '.join(self.dims[d] for d in used)} = {', '.join(f'call.sizes[{src.text(d)}]' for d in used)}")
+        if any(self.nodes[n]["op"] == "scale" for n in self.plan.order):
+            head.append(f"{self.scale} = call.scale")
+        uses_device = any("device=device" in line for line in self.lines)
+        head.append("dtype, device = call.compute_dtype, call.device" if uses_device else "dtype = call.compute_dtype")
+        return head + self.lines + [f"return {o}, [{', '.join(self.states[s] for s in self.g.states)}]"]
+
+
+def default_scale(compiled: Compiled, module: Module) -> list[str]:
+    """The body of default_scale(sizes): the scale when the call gives none, from the call's dim sizes."""
+    g, plan = compiled.graph, compiled.plan
+    if g.scale_default is None:
+        if not g.states:
+            return ["return 1.0"]
+        first = next(iter(g.states.values()))
+        return [f"return sizes[{src.text(first.dims[0])}] ** -0.5"]
+    names = Names(("sizes", "torch"))
+    env: dict[int, _Value] = {}
+    lines = []
+    for n in plan.scale_order:
+        d = plan.nodes[n]
+        if d["op"] == "const":
+            env[n] = _Value(src.number(d["value"]), True)
+        elif d["op"] == "dim":
+            env[n] = _Value(f"sizes[{src.text(d['name'])}]", True)
+        else:
+            vals = [env[a] for a in d["args"]]
+            if d["op"] == "binary" and all(v.number for v in vals) or d["op"] == "unary" or d["fn"] in ("max", "min"):
+                vals = [_Value(module.uses(f"torch.tensor({v.code}, dtype=torch.float64)") if v.number else v.code, False) for v in vals]
+            code = src.unary(d["fn"], vals[0].code) if d["op"] == "unary" else src.binary(d["fn"], vals[0].code, vals[1].code)
+            name = names.claim(f"t{n}")
+            lines.append(f"{name} = {module.uses(code)}")
+            env[n] = _Value(name, False)
+    result = env[g.scale_default]
+    return lines + [f"return {result.code}" if plan.nodes[g.scale_default]["op"] == "const" else f"return float({result.code})"]
+
+
+def _layout(dims, per_head=False, lead=("B", "T", "H")) -> str:
+    return src.shape(lead if lead else (("H",) if per_head else ()), dims)
+
+
+def module(compiled: Compiled, runtime: str, has_kernels: bool) -> str:
+    """The text of <package>/mixer.py. runtime: the runtime's module path from it (".runtime" or "..runtime");
+    has_kernels: whether scans.py runs its scans on Triton kernels (else why not is kernels.unsupported's)."""
+    g = compiled.graph
+    title = f"{g.name}: {g.title}" if g.title else g.name
+    fn = Names(MODULE_NAMES).claim(g.name)
+    triton_missing = [] if has_kernels else kernels_mod.unsupported(compiled)
+    scans = "runtime/scan.py" + ("; on CUDA, the Triton kernels through scans.py" if has_kernels else "; no Triton kernels cover this spec")
+    m = Module(f"""{src.doc(title)}
+
+Generated by lamixer from `{src.spec_file(compiled)}`; do not edit. `{fn}(...)` is the mixer; `forward`
+is its kernel plan written out: the per-token work one line per node, each scan one scan_group call
+({scans}).
+""", runtime)
+    w = MixerWriter(compiled, m, fn)
+    body = w.forward()
+    for name in ("Operand", "Signature", "bind", "check", "check_flags", "results"):
+        m.use(runtime + ".call", name)
+    if not has_kernels:
+        m.use(runtime + ".call", "pick_backend")
+    m.use(runtime + ".scan", "torch_scan")
+    params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan"), builtin_names=False)  # the call's body calls no builtin
+    args = {op.name: params.claim(op.name) for op in g.operands}
+    operands = "".join(f"\n        Operand({src.text(op.name)}, {src.text(op.kind)}, {src.names(op.dims)}, {op.per_head}),"
+                       for op in g.operands)  # fmt: skip
+    states = "".join(f"\n        ({src.text(n)}, {src.names(s.dims)})," for n, s in g.states.items())
+    m.write("SIGNATURE = Signature(", f"    {src.text(g.name)},", f"    operands=({operands}\n    ),", f"    states=({states}\n    ),",
+            f"    uses_scale={g.uses_scale},", ")", 'BACKENDS = ("auto", "torch", "triton")',
+            "BINDINGS: dict = {}  # what the checks of earlier calls found, per call signature (runtime/call.py: bind)")  # fmt: skip
+    if not has_kernels:
+        m.write(f"TRITON_MISSING = ({''.join(src.text(r) + ', ' for r in triton_missing).rstrip(' ')})  # why the torch fallback runs every call")
+    out_dims = g.dims_of(g.output)
+    shapes: dict[str, list[str]] = {}
+    for op in g.operands:
+        shapes.setdefault(_layout(op.dims, op.per_head, None if op.kind == "param" else ("B", "T", "H")), []).append(args[op.name])
+    inputs = "; ".join(f"{', '.join(names)} {layout}" for layout, names in shapes.items())
+    state_text = ", ".join(f"{n} {src.shape(('N', 'H'), s.dims)}" for n, s in g.states.items())
+    scale_text = default_scale_text(compiled)
+    several = len(g.states) > 1
+    call_doc = f"""o, final_state = {fn}({', '.join(args.values())}): {src.doc(g.title or g.name)}.
+
+    {inputs} -> {g.output_name} {src.shape(('B', 'T', 'H'), out_dims)}
+    initial_state, final_state: {state_text}{' (a tuple, in this order)' if several else ''}; N is B, or the number of packed sequences
+    scale: a number (default {scale_text}); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
+    backend: "auto" (the Triton kernels on CUDA when they can run the call, else torch), "torch" or "triton"
+    Returns o in the first input's dtype and, with output_final_state=True, the final state(s) in float32
+    (float64 for float64 inputs); computes in float32 (float64 for float64 inputs)."""
+    signature = ", ".join(args.values())
+    lines = [
+        "",
+        "",
+        f'def {fn}({signature}, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto"):',
+        f'    """{call_doc}\n    """',
+        "    check_flags(backend, BACKENDS, output_final_state)",
+        f"    call = bind(SIGNATURE, BINDINGS, ({', '.join(args.values())}{',' if len(args) == 1 else ''}), {{}}, scale, initial_state, cu_seqlens, None,",
+        f"                lambda: check(SIGNATURE, {{{', '.join(f'{src.text(n)}: {a}' for n, a in args.items())}}}, scale, initial_state, cu_seqlens, default_scale))",
+    ]
+    if not has_kernels:
+        lines += ["    pick_backend(SIGNATURE.name, backend, call, list(TRITON_MISSING))  # refuses backend=\"triton\"",
+                  "    o, finals = forward(call, torch_scan)"]  # fmt: skip
+    else:
+        lines += [
+            "    scan = torch_scan",
+            '    if backend != "torch":',
+            "        from . import scans",
+            "",
+            "        scan = scans.choose(call, backend)",
+            "    o, finals = forward(call, scan)",
+        ]
+    lines += ["    return results(call, o, finals, output_final_state)", "", ""]
+    lines += ["def default_scale(sizes):", f'    """The scale when the call gives none: {scale_text}, for the call\'s dim sizes."""']
+    lines += ["    " + line for line in default_scale(compiled, m)]
+    lines += ["", "", "def forward(call, scan):",
+              '    """The kernel plan on a bound call, with `scan` running the scans: (o, [final state of each state]) in the compute dtype."""']  # fmt: skip
+    lines += ["    " + line if line else "" for line in body]
+    m.write(*lines)
+    return m.text()
+
+
+def default_scale_text(compiled: Compiled) -> str:
+    """The default scale as the spec (or lamixer's rule) writes it."""
+    g = compiled.graph
+    if g.scale_default is not None:
+        return expr(g, g.scale_default)
+    return f"{next(iter(g.states.values())).dims[0]} ** -0.5" if g.states else "1"

@@ -1,0 +1,120 @@
+"""The meaning of the IR's primitive operations on tensors, shared by every evaluator.
+
+A value is a tensor whose trailing axes are its named feature dims; the leading axes (batch,
+time, head: however many the evaluator uses) broadcast as usual.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+UNARY = {
+    "exp": torch.exp,
+    "log": torch.log,
+    "sigmoid": torch.sigmoid,
+    "logsigmoid": F.logsigmoid,
+    "softplus": F.softplus,
+    "silu": F.silu,
+    "elu": F.elu,
+    "relu": torch.relu,
+    "tanh": torch.tanh,
+    "sqrt": torch.sqrt,
+    "abs": torch.abs,
+}
+
+BINARY = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "pow": torch.pow,
+    "max": torch.maximum,
+    "min": torch.minimum,
+}
+
+
+def align(x: torch.Tensor, have: tuple[str, ...], want: tuple[str, ...]) -> torch.Tensor:
+    """Permute and unsqueeze the trailing feature axes of x from dims `have` to dims `want` (have is a subset)."""
+    n = len(have)
+    if have == want:
+        return x
+    lead = x.dim() - n
+    perm = list(range(lead)) + [lead + have.index(d) for d in want if d in have]
+    x = x.permute(perm)
+    shape = list(x.shape[:lead])
+    it = iter(x.shape[lead:])
+    for d in want:
+        shape.append(next(it) if d in have else 1)
+    return x.reshape(shape)
+
+
+def feature_axes(x: torch.Tensor, ndims: int) -> tuple[int, ...]:
+    return tuple(range(x.dim() - ndims, x.dim()))
+
+
+def reduce(fn: str, x: torch.Tensor, ndims: int) -> torch.Tensor:
+    """Reduce the trailing ndims feature axes."""
+    if ndims == 0:
+        return x
+    axes = feature_axes(x, ndims)
+    if fn == "sum":
+        return x.sum(axes)
+    if fn == "mean":
+        return x.mean(axes)
+    flat = x.flatten(-ndims) if ndims > 1 else x
+    return flat.amax(-1) if fn == "max" else flat.amin(-1)
+
+
+def normalize(fn: str, x: torch.Tensor) -> torch.Tensor:
+    """Normalize over the last axis (the vector's one dim)."""
+    if fn == "softmax":
+        return torch.softmax(x, dim=-1)
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def contract(x: torch.Tensor, dx: tuple[str, ...], y: torch.Tensor, dy: tuple[str, ...]) -> torch.Tensor:
+    """x @ y: contract the last dim of x with the first of y (the result keeps the others, in order)."""
+    union = dx + tuple(d for d in dy if d not in dx)
+    prod = align(x, dx, union) * align(y, dy, union)
+    return prod.sum(prod.dim() - len(union) + union.index(dx[-1]))
+
+
+def apply(node: dict, args: list[torch.Tensor], arg_dims: list[tuple[str, ...]]) -> torch.Tensor:
+    """Evaluate one pointwise IR node (anything but leaves, stats, scans and block attention)."""
+    op, dims = node["op"], node["dims"]
+    if op == "unary":
+        return UNARY[node["fn"]](args[0])
+    if op == "binary":
+        a, b = (align(x, d, dims) for x, d in zip(args, arg_dims))
+        return BINARY[node["fn"]](a, b)
+    if op == "reduce":
+        return reduce(node["fn"], args[0], len(arg_dims[0]))
+    if op == "normalize":
+        return normalize(node["fn"], args[0])
+    if op == "dot":
+        a, b = args[0], align(args[1], arg_dims[1], arg_dims[0])
+        return reduce("sum", a * b, len(arg_dims[0]))
+    if op == "outer":
+        return align(args[0], arg_dims[0], dims) * align(args[1], arg_dims[1], dims)
+    if op == "matmul":
+        return contract(args[0], arg_dims[0], args[1], arg_dims[1])
+    if op in ("output", "state_out"):
+        return args[0]
+    raise ValueError(f"not a pointwise op: {op}")
+
+
+def stat(fn: str, x: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor:
+    """A whole-input statistic of x [B, T, H, *dims] -> [B|1, H|1], stop-gradient.
+
+    Reduced over time, feature dims, and batch/head unless grouped by them; std and var are
+    Bessel-corrected, as torch.std.
+    """
+    B, T, H = x.shape[:3]
+    x = x.reshape(B, T, H, -1).transpose(1, 2).reshape(B, H, -1)
+    if "batch" not in groups:
+        x = x.transpose(0, 1).reshape(1, H, -1)
+    if "head" not in groups:
+        x = x.transpose(1, 2).reshape(x.shape[0], 1, -1)
+    reducers = {"mean": torch.mean, "std": torch.std, "var": torch.var}
+    out = reducers[fn](x, -1) if fn in reducers else (x.amax(-1) if fn == "max" else x.amin(-1))
+    return out.detach()
