@@ -86,7 +86,8 @@ def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: 
         )  # fmt: skip
     getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, c.BV), N * H, NS)](
         q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=c.BV, P=SEGMENT,
-        USE_QS=qs is not None, USE_H0=True, STORE_HT=True, SPLIT=bool(c.split), IS_VARLEN=varlen, PRECISION="ieee", **_launch(c),
+        USE_QS=qs is not None, USE_H0=True, STORE_HT=True, SPLIT=bool(c.split), IS_VARLEN=varlen, PRECISION="ieee",
+        ACC_PRECISION=_acc_precision(h0.dtype), **_launch(c),
     )  # fmt: skip
     return o, ht
 

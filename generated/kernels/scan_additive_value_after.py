@@ -21,7 +21,7 @@ def scan_additive_value_after_float32_fwd_kernel(
     q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, P: tl.constexpr,
     USE_QS: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """o = q^T S per token and the final state.
 
@@ -75,7 +75,7 @@ def scan_additive_value_after_float32_fwd_kernel(
         b_o = tl.dot(b_q.to(b_b.dtype), b_h.to(b_b.dtype), input_precision=PRECISION) * tl.exp(b_E)  # [BT, BV]
         b_o += tl.sum(b_A[:, :, None] * b_b[None, :, :] * b_w, axis=1)
         tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        b_h = b_h * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_a), (b_b * tl.exp(b_last[None, :] - b_B)).to(b_a.dtype), input_precision=PRECISION)
+        b_h = b_h * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_a.to(tl.float32)), b_b.to(tl.float32) * tl.exp(b_last[None, :] - b_B), input_precision=ACC_PRECISION)
     if STORE_HT and t_stop * BT >= L:
         tl.store(ht + p_hkv, b_h, mask=m_k[:, None] & m_v[None, :])
 
@@ -140,7 +140,7 @@ def scan_additive_value_after_float32_bwd_kernel_dq(
             if USE_QS:  # the gradient of the caller's query
                 b_dq = b_dq * tl.load(qs + i_h)
             tl.store(dq + (t[:, None] * H + i_h) * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-        b_h = b_h * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_a), (b_b * tl.exp(b_last[None, :] - b_B)).to(b_a.dtype), input_precision=PRECISION)
+        b_h = b_h * tl.exp(b_last)[None, :] + tl.dot(tl.trans(b_a.to(tl.float32)), b_b.to(tl.float32) * tl.exp(b_last[None, :] - b_B), input_precision=ACC_PRECISION)
         if STORE_HS and (((i_t + 1) * BT) % P == 0 or (i_t + 1) * BT >= L):
             p_hs = hs + ((i_n.to(tl.int64) * NS + (i_t * BT) // P) * H + i_h) * K * V
             tl.store(p_hs + o_k[:, None] * V + o_v[None, :], b_h, mask=m_k[:, None] & m_v[None, :])
