@@ -86,14 +86,16 @@ def test_low_precision_inputs_keep_float32_states():
     assert (o - ref).norm() / ref.norm() < 1e-5 and (S - S_ref).norm() / S_ref.norm() < 1e-5
 
 
-def test_torch_compile_fullgraph_does_not_break_on_a_mixer():
-    """The scan is a torch.library custom op with a fake implementation, and the plan runs on plain data."""
-    m = lamixer.load("gla")
+@pytest.mark.parametrize("name", ["gla", "gsa"])
+def test_torch_compile_fullgraph_does_not_break_on_a_mixer(name):
+    """The scans are torch.library custom ops with fake implementations (gsa: a value-dim scan, a softmax, a key-dim
+    scan), and the plan runs on plain data."""
+    m = lamixer.load(name)
     tensors, _ = random_call(m, T=20, H=2, dtype=torch.float32, initial_state=False, seed=3)
     eager = {k: v.clone().requires_grad_() for k, v in tensors.items()}
     o, _ = m(**eager, backend="triton")
     o.sum().backward()
-    compiled_fn = torch.compile(lambda q, k, v, g: m(q, k, v, g, backend="triton")[0], fullgraph=True, backend="aot_eager")
+    compiled_fn = torch.compile(lambda *xs: m(*xs, backend="triton")[0], fullgraph=True, backend="aot_eager")
     leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
     o2 = compiled_fn(*leaves.values())
     o2.sum().backward()
