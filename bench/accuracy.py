@@ -1,11 +1,13 @@
 """lamixer's Triton kernels and FLA's hand-written ones on the same bf16 inputs, both against the float64 torch backend.
 
-    python bench/accuracy.py [--specs gsa,gated_deltanet] [--gates strong,weak] [--T 1000]
+    python bench/accuracy.py [--specs gla,deltanet] [--gates strong,weak] [--B 4 --T 8192 --H 16 --D 128]
 
 For each spec with an FLA competitor (lamixer.bench.COMPETITORS): random bf16 inputs (no initial state, as FLA's
 chunk calls take them here), one output gradient, and the relative RMS error of the output and of every input's
 gradient, for lamixer (backend "triton") and for FLA. It says whether an error is the kernels' or the format's:
 what bf16 inputs and outputs cost a kernel that accumulates in float32. Writes $OUT (or bench/results)/accuracy.json.
+The default shape is the benchmark's (B*T = 32768, H = 16, D = 128), so FLA reuses the autotuning its timing did:
+at a new shape its first call tunes for minutes per op.
 """
 from __future__ import annotations
 
@@ -33,10 +35,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--specs", default=",".join(bench.COMPETITORS))
     ap.add_argument("--gates", default="strong,weak")
-    ap.add_argument("--B", type=int, default=2)
-    ap.add_argument("--T", type=int, default=1000)
-    ap.add_argument("--H", type=int, default=4)
-    ap.add_argument("--D", type=int, default=64)
+    ap.add_argument("--B", type=int, default=bench.BT_TOTAL // 8192)
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--H", type=int, default=bench.H)
+    ap.add_argument("--D", type=int, default=bench.D)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
