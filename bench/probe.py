@@ -2,7 +2,7 @@
 
     python bench/probe.py --specs gla,simple_gla --configs "64,64,64,4,1,1;64,64,64,4,1,0" [--T 8192] [--fla]
 
-Each configuration (autotune.Config as BT,BV,BK,num_warps,num_stages,split) is first checked against
+Each configuration (autotune.Config as BT,BV,BK,num_warps,num_stages,split[,BW,BG,warps_grad]) is first checked against
 the torch backend at a small shape (fp32), then timed at B*T = 32768, H = 16, D = 128, bf16 (forward
 and forward+backward), then profiled once (torch.profiler: GPU time per kernel name). With --fla the
 spec's FLA competitor is timed and profiled the same way. Writes $OUT (or bench/results)/probe.json.
@@ -55,7 +55,7 @@ def check(m, config) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--specs", required=True)
-    ap.add_argument("--configs", default="", help="';'-separated BT,BV,BK,warps,stages,split (default: the spec's default)")
+    ap.add_argument("--configs", default="", help="';'-separated BT,BV,BK,warps,stages,split[,BW,BG,warps_grad] (default: the spec's default)")
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--fla", action="store_true")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: skip what starts after this")

@@ -25,8 +25,9 @@ CACHE_VERSION = 1
 class Config:
     """A launch configuration. chunk_additive (decay none, scalar or along the key dim) uses BT, BV (value
     block of the chunk-parallel kernels), BW (value block of the two sequential state walks), num_warps
-    (of the chunk-parallel kernels) and num_stages; scan_additive (decay along the value dim) uses BT, BV
-    (forward and reverse walks), BK (key block of its dq walk), num_warps, num_stages and split."""
+    (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its gradient kernel (0: BV /
+    num_warps); scan_additive (decay along the value dim) uses BT, BV (forward and reverse walks), BK (key
+    block of its dq walk), num_warps, num_stages and split."""
 
     BT: int  # chunk length (divides the 64-token segment of scan_additive's d(log decay))
     BV: int
@@ -35,9 +36,11 @@ class Config:
     num_stages: int
     split: int = 0  # scan_additive: 1 = each walk runs a state pass, then every 64-token segment in parallel
     BW: int = 32  # chunk_additive: value block of the state walks
+    BG: int = 0  # chunk_additive: value block of the gradient kernel (0: BV)
+    warps_grad: int = 0  # chunk_additive: the gradient kernel's warps (0: num_warps)
 
     def as_list(self) -> list[int]:
-        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split, self.BW]
+        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split, self.BW, self.BG, self.warps_grad]
 
     @staticmethod
     def from_list(values) -> Config:
@@ -52,8 +55,13 @@ def _pow2(n: int, lo: int = 16) -> int:
 def default_config(decay: str, K: int, V: int) -> Config:
     if decay == "value":  # scan_additive holds [BT, BT, V] weights in registers: short chunks, more warps
         return Config(16, min(64, _pow2(V)), min(64, _pow2(K)), 8, 1)
-    # chunk_additive: a whole key row per program; a decay along the key dim adds 16-row strips of work
-    return Config(64, min(64, _pow2(V)), _pow2(K), 8 if decay == "key" or K > 128 else 4, 2, 0, min(32, _pow2(V)))
+    # chunk_additive: a whole key row per program; a decay along the key dim adds 16-row strips of work. Without
+    # one, the gradient kernel takes 32-wide value blocks on 8 warps and the output kernel 64-wide on 4: measured
+    # on the H200 (simple_gla, K = V = 128, bf16) grads 1285 -> 1136 us, while the output kernel at the gradient
+    # kernel's setting went 307 -> 733 us
+    if decay == "key" or K > 128:
+        return Config(64, min(64, _pow2(V)), _pow2(K), 8, 2, 0, min(32, _pow2(V)))
+    return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
 
 def candidates(decay: str, K: int, V: int) -> list[Config]:

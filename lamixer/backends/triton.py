@@ -327,7 +327,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         dA = torch.empty(B, T, H, c.BT, dtype=acc, device=a.device)
         dgs = torch.empty(NC, H, K, dtype=acc, device=a.device)
         grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq_part, da_part, db, None, dA, dgs, cu_seqlens, indices, T,
-                          BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, num_warps=4, **common)
@@ -336,7 +336,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
             q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
     else:
         grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, None, None, cu_seqlens, indices, T,
-                          BV=c.BV, num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
     return dq, da, db, dg, dh0
 
 
