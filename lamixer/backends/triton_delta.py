@@ -73,18 +73,6 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
     return _chosen[key]
 
 
-def _chunks(cu: torch.Tensor | None, B: int, T: int, BT: int):
-    """(number of chunks over all sequences, chunk_indices [chunks, 2] = (sequence, chunk in it), chunk_offsets [N + 1])."""
-    if cu is None:
-        return B * tb.triton_cdiv(T, BT), None, None
-    counts = (cu[1:] - cu[:-1] + BT - 1) // BT
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    total = int(offsets[-1])
-    seq = torch.repeat_interleave(torch.arange(len(counts), device=cu.device), counts)
-    indices = torch.stack([seq, torch.arange(total, device=cu.device) - offsets[:-1][seq]], 1)
-    return total, indices.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous()
-
-
 def _forward(mod, q, qs, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str):
     """The prepare kernel and the state pass: (T, W, U, states at chunk starts, final state, chunk layout)."""
     B, T, H, K = a.shape
@@ -94,7 +82,7 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_
     BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the sequential ones hold K whole)
     acc = h0.dtype
     varlen = cu is not None
-    chunks, indices, offsets = _chunks(cu, B, T, BT)
+    chunks, indices, offsets = tb._chunks(cu, B, T, BT)
     grid_chunks = (tb.triton_cdiv(T, BT), N * H) if not varlen else (chunks, H)
     work = a.dtype if g is None else acc  # the template's `lowp`: intermediates in the inputs' dtype without a decay
     tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
