@@ -103,29 +103,28 @@ def report(c: Compiled) -> list[str]:
 def _kernels(c: Compiled) -> list[str]:
     """Which generated kernels the triton backend runs for each scan, or why it cannot."""
     from .backends import triton as triton_backend
-    from .emit.kernels import unsupported
+    from .backends import triton_delta
+    from .emit.kernels import chunk_config
 
-    missing = unsupported(c)
+    missing = triton_backend.unsupported(c)
     if missing:
         lines = ["triton kernels: none (the torch backend runs what the recurrent kernel does not): " + "; ".join(missing)]
     else:
         lines = ["triton kernels:"]
         for s in c.classification.scans:
-            if s.rule == "delta":
-                decay, read = triton_backend.triton_delta.template_config(s)
-                names = ", ".join(triton_backend.triton_delta.KERNELS)
-                lines.append(f"  scan {s.state}: scan_delta_{decay}_{read}_float32_{{{names}}}")
-                continue
-            decay, read = triton_backend.template_config(s)
-            names = ", ".join(triton_backend.kernel_names(decay))
-            lines.append(f"  scan {s.state}: {triton_backend.family(decay)}_{decay}_{read}_float32_{{{names}}}")
+            family, decay, read = chunk_config(s)
+            names = triton_delta.KERNELS if family == triton_delta.FAMILY else triton_backend.kernel_names(decay)
+            lines.append(f"  scan {s.state}: {family}_{decay}_{read}_float32_{{{', '.join(names)}}}")
     return lines + _recurrent_kernels(c)
 
 
 def _recurrent_kernels(c: Compiled) -> list[str]:
     """The recurrent kernel each scan runs on for inference on short sequences (backends/recurrent.py)."""
     from .backends import recurrent
+    from .emit.kernels import recurrent_configs
 
+    if not recurrent_configs(c):
+        return ["recurrent kernel: none (a scan without reads)"] if c.classification.scans else []
     lines = [f"recurrent kernel (inference, sequences of at most {recurrent.MAX_T} tokens):"]
     for s in c.classification.scans:
         lines.append(f"  scan {s.state}: recurrent_{'_'.join(recurrent.template_config(s))}_float32_kernel")

@@ -180,3 +180,16 @@ def test_half_precision_decay_gradients(spec, bound):
     c = compare(m, "triton", tensors, tuple(s.float() for s in states), seed=63)
     bad = {k: f"{v:.2e}" for k, v in c.errors.items() if not v < bound}
     assert not bad, bad
+
+
+@pytest.mark.parametrize("T", [4, 70])
+def test_a_state_nothing_reads_is_refused_by_name(T):
+    """A state only handed back at the end (never read) has no kernel configuration: asking for Triton names it,
+    on the recurrent path (short, no gradient) as on the chunk path, and auto falls back to torch."""
+    m = lamixer.loads("mixer unread\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V], R[K, V]\n"
+                      "S = S + outer(k, v)\nR = R + outer(q, v)\nout o = q @ S\n")  # fmt: skip
+    tensors, _ = random_call(m, T=T, H=2, seed=1, initial_state=False)
+    with torch.no_grad(), pytest.raises(lamixer.ArgumentError, match="state R: a scan without reads"):
+        m(**tensors, backend="triton")
+    o, _ = m(**tensors)
+    assert o.shape[1] == T

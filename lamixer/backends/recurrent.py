@@ -30,13 +30,13 @@ MAX_HEAD_DIM = 256  # a whole key column of the state sits in one program's regi
 
 def serves(compiled: Compiled, call: Call) -> bool:
     """Whether this call's scans run on the recurrent kernel: no gradient is asked for, no sequence is longer
-    than MAX_T and every scan's key dim fits a program's registers."""
+    than MAX_T, every scan is read and every scan's key dim fits a program's registers."""
     if call.longest > MAX_T:
         return False
     if torch.is_grad_enabled() and (any(t.requires_grad for t in call.inputs.values())
                                     or any(s.requires_grad for s in call.initial_state.values())):  # fmt: skip
         return False
-    return all(call.sizes[s.key_dim] <= MAX_HEAD_DIM for s in compiled.classification.scans)
+    return all(s.reads and call.sizes[s.key_dim] <= MAX_HEAD_DIM for s in compiled.classification.scans)
 
 
 def _read_mode(decayed: bool, written: bool) -> str:

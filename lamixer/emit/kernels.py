@@ -31,14 +31,11 @@ ACC = "float32"
 
 
 def unsupported(compiled: Compiled) -> list[str]:
-    """Why the chunk templates cannot run a spec's scans (empty when they can): the triton backend's reasons, and a scan
-    nothing reads (its final state only), which the backend's check lets through but no template configuration fits."""
-    reasons = triton_backend.unsupported(compiled)
-    return reasons + [f"state {s.state}: a scan without reads (final state only) has no Triton template yet"
-                      for s in compiled.classification.scans if not s.reads]  # fmt: skip
+    """Why the chunk templates cannot run a spec's scans (empty when they can): the triton backend's reasons."""
+    return triton_backend.unsupported(compiled)
 
 
-def _chunk_config(scan) -> tuple[str, str, str]:
+def chunk_config(scan) -> tuple[str, str, str]:
     """(template, decay, read) of a classified scan's chunk kernels, as the triton backend picks them."""
     if scan.rule == "delta":
         return (triton_delta.FAMILY, *triton_delta.template_config(scan))
@@ -50,7 +47,7 @@ def chunk_configs(compiled: Compiled) -> list[tuple[str, str, str]]:
     """The (template, decay, read) chunk kernel configurations a spec's scans train on (empty when the templates cannot run it)."""
     if unsupported(compiled):
         return []
-    return sorted({_chunk_config(s) for s in compiled.classification.scans})
+    return sorted({chunk_config(s) for s in compiled.classification.scans})
 
 
 def recurrent_configs(compiled: Compiled) -> list[tuple[str, str, str]]:
