@@ -185,6 +185,16 @@ def _fwd_bwd(mixer, tensors, states, backend):
     return [o, *fin, *grads]
 
 
+def search_space(mixer, size: int) -> tuple[str, list[Config]]:
+    """The template family `tune` searches for a spec (its first scan's) and that family's candidates, default first;
+    each family has its own axes, and a spec's scans of another family keep their configurations."""
+    from .backends import triton as tb
+    from .emit.kernels import chunk_config
+
+    family, decay, _ = chunk_config(mixer.compiled.classification.scans[0])
+    return family, (tb.triton_delta.candidates if family == tb.triton_delta.FAMILY else candidates)(decay, size, size)
+
+
 def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: str, limit: int | None = None, on_trial=None) -> tuple[list[Trial], list[str]]:
     """Try each candidate on random inputs: check it against the torch backend, then time it; store the fastest.
 
@@ -201,19 +211,19 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     states = tuple(s.float() for s in states)
     reference = _fwd_bwd(mixer, {k: v.float() for k, v in tensors.items()}, states, "torch")
     tol = 1e-3 if dtype == torch.float32 else 1e-2
-    scans = mixer.compiled.classification.scans
-    family = tb.triton_delta if scans[0].rule == "delta" else tb  # each template family has its own search space
-    decay = family.template_config(scans[0])[0]
+    from .emit.kernels import chunk_config
+
+    tuned, space = search_space(mixer, size)
     K = size
     trials = []
-    for config in (tb.triton_delta.candidates if family is not tb else candidates)(decay, K, size)[:limit]:
-        tb.CONFIG_OVERRIDE = config
+    for config in space[:limit]:
+        tb.CONFIG_OVERRIDE, tb.OVERRIDE_FAMILY = config, tuned  # the spec's scans of other families keep their own
         try:
             got = _fwd_bwd(mixer, tensors, states, "triton")
             error = max(rel_rms(x, r) for x, r in zip(got, reference))
         except Exception as e:  # a configuration the compiler or the GPU rejects (registers, shared memory)
             trials.append(Trial(config, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
-            tb.CONFIG_OVERRIDE = None
+            tb.CONFIG_OVERRIDE = tb.OVERRIDE_FAMILY = None
             if on_trial:
                 on_trial(trials[-1])
             continue
@@ -221,17 +231,19 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
             trials.append(Trial(config, error, None, "wrong: not timed"))
         else:
             trials.append(Trial(config, error, _time(lambda: _fwd_bwd(mixer, tensors, states, "triton"), device)))
-        tb.CONFIG_OVERRIDE = None
+        tb.CONFIG_OVERRIDE = tb.OVERRIDE_FAMILY = None
         if on_trial:
             on_trial(trials[-1])
-    tb.CONFIG_OVERRIDE = None
+    tb.CONFIG_OVERRIDE = tb.OVERRIDE_FAMILY = None
     timed = [t for t in trials if t.ms is not None]
     if not timed:
         return trials, []
     best = min(timed, key=lambda t: t.ms)
     keys = []
     acc = "float32"
-    for s in scans:
+    for s in mixer.compiled.classification.scans:
+        if chunk_config(s)[0] != tuned:
+            continue
         family = tb.triton_delta if s.rule == "delta" else tb
         key = entry_key(device_name(torch.device(device)), family.kernel_hash(*family.template_config(s), acc), dtype,
                         shape_bucket(B, T, H, K, size))  # fmt: skip

@@ -194,7 +194,7 @@ def autotune(spec: str, B: int, T: int, H: int, size: int, dtype: str, limit: in
     for col in ("config", "rel. error", "fwd+bwd ms", "note"):
         table.add_column(col)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("autotuning", total=limit or len(at.candidates("key", size, size)))
+        task = progress.add_task("autotuning", total=min(limit or 10**9, len(at.search_space(m, size)[1])))
 
         def on_trial(t):
             progress.advance(task)

@@ -66,3 +66,26 @@ def test_tune_refuses_specs_without_kernels():
     two_reads = lamixer.loads("mixer two_reads\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S + k @ S\n")
     with pytest.raises(ValueError, match="no Triton template"):
         at.tune(two_reads, 1, 8, 1, 16, torch.float32, "cpu")
+
+
+def test_tuning_a_spec_of_two_families_touches_only_the_one_it_searched(monkeypatch):
+    """gsa: a value-dim scan (scan_additive), then a key-dim one (chunk_additive). The search is the first family's;
+    the other scan runs on its own default meanwhile and its cache entry is left alone."""
+    m = lamixer.load("gsa")
+    family, space = at.search_space(m, 16)
+    assert family == "scan_additive" and space[0] == at.default_config("value", 16, 16)
+    seen = []
+    real = tb.scan_config
+
+    def spy(decay, *args):
+        config = real(decay, *args)
+        seen.append((decay, config))
+        return config
+
+    monkeypatch.setattr(tb, "scan_config", spy)
+    trials, keys = at.tune(m, 1, 24, 2, 16, torch.float32, "cpu", limit=2)
+    assert {d for d, c in seen if c in (t.config for t in trials)} <= {"value"}
+    assert any(d == "key" and c == at.default_config("key", 16, 16) for d, c in seen)
+    value_scan = m.compiled.classification.scans[0]
+    assert keys == [at.entry_key(at.device_name(torch.device("cpu")), tb.kernel_hash(*tb.template_config(value_scan), "float32"), torch.float32,
+                                 at.shape_bucket(1, 24, 2, 16, 16))]  # fmt: skip

@@ -497,6 +497,7 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
 # configurations chosen in this process, so a call pays for the cache lookup once per shape
 _chosen: dict[tuple, Config] = {}
 CONFIG_OVERRIDE: Config | None = None  # set by the autotuner while it times a candidate
+OVERRIDE_FAMILY: str | None = None  # the template family the override is for (None: every family)
 
 
 def kernel_hash(decay: str, read: str, acc: str) -> str:
@@ -505,7 +506,7 @@ def kernel_hash(decay: str, read: str, acc: str) -> str:
 
 def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
     """The tuned configuration for this kernel, GPU, dtype and shape bucket, else the default (never a search)."""
-    if CONFIG_OVERRIDE is not None:
+    if CONFIG_OVERRIDE is not None and OVERRIDE_FAMILY in (None, family(decay)):
         return CONFIG_OVERRIDE
     key = (decay, read, acc, dtype, shape_bucket(B, T, H, K, V), str(device))
     if key not in _chosen:

@@ -64,7 +64,7 @@ _chosen: dict[tuple, Config] = {}  # configurations chosen in this process
 def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
     """The tuned configuration for this kernel, GPU, dtype and shape bucket, else the default (never a search).
     An override the autotuner sets (triton.CONFIG_OVERRIDE) applies when its chunk length suits the solve."""
-    if tb.CONFIG_OVERRIDE is not None and tb.CONFIG_OVERRIDE.BT in CHUNKS:
+    if tb.CONFIG_OVERRIDE is not None and tb.OVERRIDE_FAMILY in (None, FAMILY) and tb.CONFIG_OVERRIDE.BT in CHUNKS:
         return tb.CONFIG_OVERRIDE
     key = (decay, read, acc, dtype, shape_bucket(B, T, H, K, V), str(device))
     if key not in _chosen:
