@@ -156,7 +156,7 @@ def test_half_inputs_and_a_float32_gate(dtype, launches):
         o, S = m(**tensors, initial_state=states[0], output_final_state=True, backend="triton")
         ref, S_ref = m(**tensors, initial_state=states[0], output_final_state=True, backend="interpret")
     assert o.dtype == dtype and S.dtype == torch.float32
-    assert rel_rms(o, ref) < 1e-2 and rel_rms(S, S_ref) < 1e-5
+    assert rel_rms(o, ref) < 1e-3 and rel_rms(S, S_ref) < 1e-6  # measured: 0 and 5e-8 (bf16 and fp16)
 
 
 def test_head_dims_up_to_256(launches):

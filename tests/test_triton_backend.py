@@ -169,16 +169,17 @@ def test_float32_strong_gates_stay_finite(name):
     assert not bad, bad
 
 
-@pytest.mark.parametrize("spec, bound", [("gsa", 1.5e-3), ("gla", 1.5e-3), (os.path.join(EXAMPLES, "value_gated.lam"), 5e-4)])
-def test_half_precision_decay_gradients(spec, bound):
+@pytest.mark.parametrize("T", [63, 150])  # within one 64-token segment of d(log decay), and across three
+@pytest.mark.parametrize("spec", ["gsa", "gla", os.path.join(EXAMPLES, "value_gated.lam")], ids=os.path.basename)
+def test_half_precision_decay_gradients(spec, T):
     """d(log decay) is a suffix sum of terms that cancel (o * do - b * db along the value dim, q * dq - k * dk along
     the key dim): in float16 (the interpreter runs no bf16 dot) it must stay near the format's precision. It did
     not while the value-dim scan rounded o and db to the inputs' dtype (gsa 1.7e-2) or its state update's decayed
-    values (value_gated 1.1e-3)."""
+    values (value_gated 1.1e-3). Measured now: 3.5e-4 to 5e-4."""
     m = lamixer.load(spec)
-    tensors, states = random_call(m, B=1, T=63, H=2, size=32, gate="strong", dtype=torch.float16, seed=63)
+    tensors, states = random_call(m, B=1, T=T, H=2, size=32, gate="strong", dtype=torch.float16, seed=63)
     c = compare(m, "triton", tensors, tuple(s.float() for s in states), seed=63)
-    bad = {k: f"{v:.2e}" for k, v in c.errors.items() if not v < bound}
+    bad = {k: f"{v:.2e}" for k, v in c.errors.items() if not v < 8e-4}
     assert not bad, bad
 
 

@@ -88,7 +88,7 @@ def test_half_inputs_keep_float32_states():
     o, S = m(**tensors, initial_state=states[0], output_final_state=True, backend="triton")
     assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
     c = compare(m, "triton", tensors, states, seed=3)
-    _assert_close(c, "bf16 inputs", tol=1e-3)  # measured: 4e-5 (gradients rounded to bf16 on both sides)
+    _assert_close(c, "bf16 inputs", tol=2e-4)  # measured: 4e-5 (gradients rounded to bf16 on both sides)
 
 
 def test_rendered_kernels_are_named_for_their_configuration():
