@@ -71,7 +71,7 @@ class Mixer:
         if backend in ("auto", "triton"):
             from .backends import triton as triton_backend
 
-            # inference on short sequences runs every scan on the recurrent kernel, whatever its rule
+            # inference on short sequences runs every scan on the recurrent kernel, those the chunk templates lack included
             missing = [] if recurrent.serves(self.compiled, call) else triton_backend.unsupported(self.compiled, call.sizes)
             backend = pick_backend(self.name, backend, call, missing)
         if backend == "interpret":

@@ -1,10 +1,10 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/recurrent.py: MAX_T, MAX_HEAD_DIM, _read_mode, _READS, _reads, _pow2,
-_multiprocessors, WARPS, WIDEST, blocks, _strides, _ACC, _kernel, launch, recurrent_scan, scan.
+from lamixer/backends/recurrent.py: MAX_T, MAX_HEAD_DIM, _read_mode, _READS, _reads,
+_multiprocessors, WARPS, WIDEST, blocks, _strides, _kernel, launch, recurrent_scan, scan.
 What comes before the copies is this file's own: NAMESPACE registers the custom ops under this
-module's import name; _kernel imports kernels() from host.py.
+module's import name; _kernel imports kernels() and _ACC from host.py.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import functools
 import torch
 
 from ..runtime.scan import ScanOperands
+from .host import _pow2
 
 NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
 
@@ -34,10 +35,6 @@ def _reads(modes: tuple[tuple[bool, bool], ...]) -> str:
     """The reads' positions joined by "_" (as the template takes them)."""
     found = _READS.get(modes)
     return found if found is not None else "_".join(_read_mode(dec, wr) for dec, wr in modes)
-
-
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, 1 << (max(n, 1) - 1).bit_length())
 
 
 @functools.cache
@@ -67,16 +64,12 @@ def _strides(x: torch.Tensor | None) -> tuple[int, int, int, int]:
     return (0, 0, 0, 0) if x is None else tuple(x.stride())
 
 
-def _ACC(dtype: torch.dtype) -> str:
-    return {torch.float32: "float32", torch.float64: "float64"}[dtype]
-
-
 @functools.lru_cache(maxsize=1024)
 def _kernel(rule: str, decay: str, reads: str, acc: torch.dtype, K: int, V: int, programs: int, device: torch.device):
     """(the jitted kernel, BK, BV, num_warps) for one configuration and shape: looked up once per shape."""
-    from .host import kernels
+    from .host import _ACC, kernels
 
-    mod = kernels("recurrent", rule=rule, decay=decay, reads=reads, acc=_ACC(acc))
+    mod = kernels("recurrent", rule=rule, decay=decay, reads=reads, acc=_ACC[acc])
     return (getattr(mod, f"{mod.NAME}_kernel"), *blocks(K, V, programs, device))
 
 

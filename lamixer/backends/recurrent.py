@@ -2,13 +2,13 @@
 
 It serves inference on short sequences and decoding: the Triton backend runs a call's scans here
 when no gradient is asked for and no sequence is longer than MAX_T tokens, for the additive and the
-delta rule alike (it needs no chunk template, so it also runs specs whose rule has none). When
-autograd needs gradients the chunk kernels run, as before.
+delta rule alike (it also runs scans the chunk templates do not, such as a state read twice). When
+autograd needs gradients the chunk kernels run.
 
 Why MAX_T = 64: the recurrent kernel does the O(T K V) work of the state update and nothing else,
 in T dependent steps of one multiply-add on a register-resident [K, BV] state block; a chunk
-kernel does the same state work plus O(T^2 (K + V)) intra-chunk scores, in one chunk up to 64
-tokens (16 for a per-dim decay), and its host side converts and copies operands in torch. Up to
+kernel does the same state work plus O(T^2 (K + V)) intra-chunk scores, in one chunk of up to 64
+tokens, over several kernel launches. Up to
 about one chunk the T short dependent steps cost no more than a chunk does, so below 64 tokens the
 recurrent kernel does less work with fewer launches; beyond it the chunk kernels' parallel form wins
 as T grows. FLA's layers switch at the same length (fused_recurrent when seq_len <= 64). The
@@ -20,6 +20,7 @@ import functools
 
 import torch
 
+from ..autotune import _pow2
 from ..call import Call
 from ..compiler import Compiled
 from .torch import ScanOperands
@@ -58,10 +59,6 @@ def template_config(scan) -> tuple[str, str, str]:
     return scan.rule, decay, "_".join(_read_mode(r.decayed, r.written) for r in scan.reads)
 
 
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, 1 << (max(n, 1) - 1).bit_length())
-
-
 @functools.cache
 def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
@@ -90,16 +87,12 @@ def _strides(x: torch.Tensor | None) -> tuple[int, int, int, int]:
     return (0, 0, 0, 0) if x is None else tuple(x.stride())
 
 
-def _ACC(dtype: torch.dtype) -> str:
-    return {torch.float32: "float32", torch.float64: "float64"}[dtype]
-
-
 @functools.lru_cache(maxsize=1024)
 def _kernel(rule: str, decay: str, reads: str, acc: torch.dtype, K: int, V: int, programs: int, device: torch.device):
     """(the jitted kernel, BK, BV, num_warps) for one configuration and shape: looked up once per shape."""
-    from .triton import kernels
+    from .triton import _ACC, kernels
 
-    mod = kernels("recurrent", rule=rule, decay=decay, reads=reads, acc=_ACC(acc))
+    mod = kernels("recurrent", rule=rule, decay=decay, reads=reads, acc=_ACC[acc])
     return (getattr(mod, f"{mod.NAME}_kernel"), *blocks(K, V, programs, device))
 
 

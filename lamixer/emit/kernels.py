@@ -148,18 +148,19 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
     ),
     _Host(
         "host_recurrent.py",
-        ((recurrent, ("MAX_T", "MAX_HEAD_DIM", "_read_mode", "_READS", "_reads", "_pow2", "_multiprocessors", "WARPS", "WIDEST",
-                      "blocks", "_strides", "_ACC", "_kernel", "launch", "recurrent_scan", "scan")),),
+        ((recurrent, ("MAX_T", "MAX_HEAD_DIM", "_read_mode", "_READS", "_reads", "_multiprocessors", "WARPS", "WIDEST",
+                      "blocks", "_strides", "_kernel", "launch", "recurrent_scan", "scan")),),
         custom_ops=1,
-        own_doc=f"{_NAMESPACE_DOC}; _kernel imports kernels() from host.py",
+        own_doc=f"{_NAMESPACE_DOC}; _kernel imports kernels() and _ACC from host.py",
         own=f'''import functools
 
 import torch
 
 from ..runtime.scan import ScanOperands
+from .host import _pow2
 
 {_NAMESPACE}''',
-        rewrites=(("from .triton import kernels", "from .host import kernels"),),
+        rewrites=(("from .triton import _ACC, kernels", "from .host import _ACC, kernels"),),
     ),
 )  # fmt: skip
 
