@@ -180,7 +180,7 @@ def _chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, BT: int) -> tuple[i
 
 
 def _chunk_cumsum(mod, g: torch.Tensor, cu_seqlens, indices, NC: int, BT: int) -> torch.Tensor:
-    """The inclusive cumulative log decay within each chunk, float32 [B, T, H, K]."""
+    """The inclusive cumulative log decay within each chunk [B, T, H, K], float32 (float64 for float64 gates)."""
     B, T, H, K = g.shape
     Bc = torch.empty(B, T, H, K, dtype=torch.float64 if g.dtype == torch.float64 else torch.float32, device=g.device)
     getattr(mod, f"{mod.NAME}_cumsum_fwd")[(1, NC, H)](
