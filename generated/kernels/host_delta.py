@@ -39,7 +39,7 @@ def default_config(decay: str, K: int, V: int) -> Config:
     return Config(64, BV, min(64, _pow2(K)), 4, 1)
 
 
-def _forward(mod, q, qs, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str):
+def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str):
     """The prepare kernel and the state pass: (T, W, U, states at chunk starts, final state, chunk layout)."""
     B, T, H, K = a.shape
     V = b.shape[-1]
@@ -75,7 +75,7 @@ def delta_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: tor
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = tb.kernels(FAMILY, decay=decay, read=read, acc=tb._ACC[h0.dtype])
     cfg = Config.from_list(cfg)
-    _, _, u, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, cfg, True, tb._acc_precision(h0.dtype))
+    _, _, u, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, True, tb._acc_precision(h0.dtype))
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
@@ -101,7 +101,7 @@ def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = tb._acc_precision(acc)
-    tm, w, u, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, cfg, False, precision)
+    tm, w, u, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, False, precision)
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
