@@ -238,14 +238,9 @@ def decode_rows(m: Mixer, bandwidth: float, have_fla: bool = False) -> list[dict
 
                     return decode_row(f"lamixer {m.name} layer step", B, state_bytes, bandwidth, layer_step, graphed(layer_step))
 
-            if layer_row_ok(m):
+            if m.compiled.graph.carries_state():
                 rows.append(_guarded(f"lamixer {m.name} layer step", B, layer_row))
     return rows
-
-
-def layer_row_ok(m: Mixer) -> bool:
-    """Whether the spec's layer decodes (whole-input statistics and block attention take no state)."""
-    return not any(d["op"] in ("stat", "block_attention") for d in m.compiled.plan.nodes.values())
 
 
 def plot(res: dict, path: str) -> None:

@@ -105,6 +105,11 @@ class Graph:
         for pos, a in enumerate(args):
             self.g.add_edge(a, n, pos=pos)
 
+    def carries_state(self) -> bool:
+        """Whether a sequence can be run in pieces with the state carried between them: not when a whole-input
+        statistic or block attention sees the entire input."""
+        return not any(d["op"] in ("stat", "block_attention") for _, d in self.g.nodes(data=True))
+
     def roots(self) -> list[int]:
         """The nodes every result hangs from: the output, each state's final version, the default scale."""
         extra = [self.scale_default] if self.scale_default is not None else []

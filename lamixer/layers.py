@@ -122,8 +122,7 @@ class Layer(LayerBase):
         self.options = self._options(graph, options)
         self.sizes = self._sizes(graph)
         self.spec_key = f"{self.mixer.name}:{self.mixer.compiled.source_hash}"
-        # a whole-input statistic or block attention sees the entire input, so it cannot be carried in a state
-        self.stateful = not any(d["op"] in ("stat", "block_attention") for _, d in graph.g.nodes(data=True))
+        self.stateful = graph.carries_state()
         self.state_dims = tuple(s.dims for s in graph.states.values())
         self.shifted = bool(self.info.shifts)
         self.value_dims = graph.dims_of(graph.output)

@@ -119,7 +119,7 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
         elif dims[d] != options[d]:
             body.append(f"{dims[d]} = {options[d]}")
     body.append(f"self.sizes = {{{', '.join(f'{src.text(d)}: {dims[d]}' for d in g.dims)}}}")
-    stateful = not any(d["op"] in ("stat", "block_attention") for _, d in g.g.nodes(data=True))
+    stateful = g.carries_state()
     body += [
         f"self.stateful = {stateful}{'' if stateful else '  # whole-input statistics or block attention: whole sequences only'}",
         f"self.state_dims = ({''.join(src.names(s.dims) + ', ' for s in g.states.values()).rstrip(' ')})",
