@@ -243,15 +243,9 @@ def train_one(spec: str, cfg: argparse.Namespace, device: torch.device, log=prin
 
 
 def print_table(rows: list[dict], title: str) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # plain text
-        print(title)
-        print(f"{'spec':<16}{'state/layer':>12}{'params':>12}{'accuracy':>10}{'tokens/s':>14}")
-        for r in rows:
-            print(f"{r['spec']:<16}{r['state_size']:>12,}{r['params']:>12,}{r['accuracy']:>10.3f}{r['tokens_per_s']:>14,.0f}")
-        return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=title)
     for name in ("spec", "state/layer", "params", "accuracy", "tokens/s", "options"):
         table.add_column(name, justify="left" if name in ("spec", "options") else "right")
@@ -298,12 +292,9 @@ def device_info(device: torch.device) -> dict:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda
-        try:
-            import triton
+        import triton
 
-            info["triton"] = triton.__version__
-        except ImportError:
-            pass
+        info["triton"] = triton.__version__
     return info
 
 
