@@ -7,9 +7,9 @@ from .compiler import Compiled
 from .errors import ArgumentError
 from .runtime import call as runtime_call
 from .runtime import ops
-from .runtime.call import Call, check_cu_seqlens, remember, signature
+from .runtime.call import Call, remember
 
-__all__ = ["BACKENDS", "Call", "bind", "bind_operands", "check_cu_seqlens", "remember", "signature"]
+__all__ = ["BACKENDS", "Call", "bind", "bind_operands", "remember"]
 
 BACKENDS = ("auto", "interpret", "torch", "triton")
 

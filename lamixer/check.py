@@ -105,7 +105,7 @@ def compare(mixer: Mixer, backend: str, tensors, states, cu_seqlens=None, scale=
 
 def compare_inference(mixer: Mixer, backend: str, tensors, states, cu_seqlens=None, scale=None) -> Comparison:
     """Relative RMS errors of `backend` against the interpreter without gradients (output and final states):
-    on the Triton backend, sequences of at most 64 tokens run on the recurrent kernel."""
+    on the Triton backend, sequences of at most recurrent.MAX_T (64) tokens run on the recurrent kernel."""
     cu = torch.tensor(cu_seqlens, dtype=torch.int64) if cu_seqlens is not None else None
 
     def run(backend, cu):

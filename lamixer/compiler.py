@@ -23,7 +23,7 @@ class Compiled:
     plan: KernelPlan
     source: str
     filename: str
-    # per-call work done once per call signature (bindings, backend choices, constants): see lamixer.call
+    # per-call work done once per call signature (bindings, backend choices, constants): see lamixer.runtime.call
     cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
