@@ -22,6 +22,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_fuzz import mutated_spec, typed_spec
+from test_layers import SMALL
 
 import lamixer
 from lamixer.check import random_call, rel_rms
@@ -34,7 +35,6 @@ from lamixer.runtime import ops
 
 SPECS = lamixer.shipped_specs()
 WORKER = Path(__file__).resolve().parent / "package_worker.py"
-SMALL = {"gated_deltanet": {"head_dim": 8}, "gsa": {"M": 4}, "mamba2": {"d_state": 4}, "gla": {"gate_rank": 4}, "rwkv6": {"decay_rank": 4, "mix_rank": 4}}
 CALLS = {"T=24": (None, None), "packed 5+19, scale 0.3": ([0, 5, 24], 0.3)}
 # training on each kernel family (gsa: a value-dim decay chained into a key-dim one; a scalar decay; the delta rule) and
 # inference on the recurrent kernel; no two cases share a kernel module, so each loads its own

@@ -10,6 +10,8 @@ import os
 
 import pytest
 import torch
+from conftest import EXAMPLE_SPECS as EXAMPLES
+from test_layers import SMALL
 
 import lamixer
 from lamixer.backends import recurrent
@@ -17,7 +19,6 @@ from lamixer.backends import triton as triton_backend
 from lamixer.check import random_call, rel_rms
 
 TOL = 1e-12  # float64 all the way: only summation order differs from the interpreter
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "specs")
 SPECS = lamixer.shipped_specs() + sorted(os.path.join(EXAMPLES, f) for f in os.listdir(EXAMPLES) if f.endswith(".lam"))
 
 
@@ -189,7 +190,6 @@ def test_torch_compile_fullgraph_traces_the_custom_op():
 
 
 HIDDEN, HEADS = 16, 2
-SMALL = {"gated_deltanet": {"head_dim": 8}, "gsa": {"M": 4}, "mamba2": {"d_state": 4}, "gla": {"gate_rank": 4}, "rwkv6": {"decay_rank": 4, "mix_rank": 4}}
 STATEFUL = [n for n in lamixer.shipped_specs() if lamixer.Layer(n, HIDDEN, HEADS, **SMALL.get(n, {})).stateful]
 
 

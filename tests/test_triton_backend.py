@@ -4,6 +4,7 @@ import os
 
 import pytest
 import torch
+from conftest import EXAMPLE_SPECS as EXAMPLES
 
 import lamixer
 from lamixer.backends import triton as triton_backend
@@ -12,7 +13,6 @@ from lamixer.check import compare, random_call, rel_rms
 TOL = 1e-7
 ADDITIVE = [n for n in lamixer.shipped_specs()
             if not triton_backend.unsupported(lamixer.load(n).compiled) and lamixer.load(n).compiled.classification.update_rule != "delta"]  # fmt: skip
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "specs")
 
 
 def _assert_close(c, what):

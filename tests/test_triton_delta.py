@@ -4,6 +4,7 @@ import os
 
 import pytest
 import torch
+from conftest import EXAMPLE_SPECS as EXAMPLES
 
 import lamixer
 from lamixer.autotune import Config
@@ -12,7 +13,6 @@ from lamixer.backends import triton_delta
 from lamixer.check import compare, random_call
 
 TOL = 1e-10  # measured: below 1e-13 on every case here
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples", "specs")
 DELTA = ["deltanet", "gated_deltanet", os.path.join(EXAMPLES, "gated_delta_vector.lam")]  # no decay, scalar, per key
 SIZE = 16  # head dims 16 and 17: masked key and value columns
 
