@@ -108,10 +108,10 @@ def test_the_memo_is_bounded(gla, monkeypatch):
 
 
 def test_nothing_is_cached_for_arguments_that_are_not_tensors():
-    assert call_module.signature((torch.zeros(1), [1.0]), {}, None, None, None, None) is None
-    assert call_module.signature((torch.zeros(1),), {}, "zeros", None, None, None) is None
-    assert call_module.signature((torch.zeros(1),), {}, None, [0, 1], None, None) is None
-    assert call_module.signature((torch.zeros(1),), {"k": torch.zeros(2)}, (torch.zeros(1), None), None, 0.5, None) is not None
+    assert runtime_call.signature((torch.zeros(1), [1.0]), {}, None, None, None, None) is None
+    assert runtime_call.signature((torch.zeros(1),), {}, "zeros", None, None, None) is None
+    assert runtime_call.signature((torch.zeros(1),), {}, None, [0, 1], None, None) is None
+    assert runtime_call.signature((torch.zeros(1),), {"k": torch.zeros(2)}, (torch.zeros(1), None), None, 0.5, None) is not None
 
 
 def test_layer_state_checks_after_steps():
