@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--configs", default="", help="';'-separated BT,BV,BK,warps,stages,split[,BW,BG,warps_grad] (default: the spec's default)")
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--fla", action="store_true")
+    ap.add_argument("--compile", action="store_true", help="also time the call under torch.compile(fullgraph=True)")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: skip what starts after this")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
@@ -92,6 +93,21 @@ def main():
                 row["error"] = repr(e)[:300]
             finally:
                 tb.CONFIG_OVERRIDE = None
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            save()
+        if args.compile and time.time() - t_start < args.budget:
+            fused = torch.compile(lambda **t: m(**t, backend="triton")[0], fullgraph=True)
+            t0 = time.time()
+            row = dict(spec=name, config="default, torch.compile")
+            try:
+                eager = m(**tensors, backend="triton")[0].float()
+                row["vs_eager"] = rel_rms(fused(**tensors).float(), eager)
+                row["compile_s"] = round(time.time() - t0, 1)
+                row.update(bench._time(name, lambda: fused(**tensors), do, {}))
+                row["kernels_us"] = kernel_times(lambda: fused(**tensors), do)
+            except Exception as e:
+                row["error"] = repr(e)[:300]
             rows.append(row)
             print(json.dumps(row), flush=True)
             save()

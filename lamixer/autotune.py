@@ -251,7 +251,7 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
             store(key, best.config, {describe(t.config): t.ms for t in timed})
             keys.append(key)
     tb._chosen.clear()
-    tb.triton_delta._chosen.clear()
+    tb._traced.clear()
     return trials, keys
 
 

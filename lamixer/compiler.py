@@ -1,7 +1,6 @@
 """The front half of the pipeline: spec text -> parsed, lowered, verified, classified, planned IR."""
 from __future__ import annotations
 
-import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -25,6 +24,14 @@ class Compiled:
     filename: str
     # per-call work done once per call signature (bindings, backend choices, constants): see lamixer.runtime.call
     cache: dict = field(default_factory=dict, repr=False, compare=False)
+    # what binding a call checks, as plain data (lamixer.runtime.call); made here, not on first use, so that
+    # torch.compile tracing a first call finds it made
+    signature: Signature = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        g = self.graph
+        operands = tuple(Operand(op.name, op.kind, op.dims, op.per_head) for op in g.operands)
+        self.signature = Signature(g.name, operands, tuple((name, s.dims) for name, s in g.states.items()), g.uses_scale)
 
     @property
     def name(self) -> str:
@@ -33,13 +40,6 @@ class Compiled:
     @property
     def source_hash(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()[:16]
-
-    @functools.cached_property
-    def signature(self) -> Signature:
-        """What binding a call checks, as plain data (lamixer.runtime.call)."""
-        g = self.graph
-        operands = tuple(Operand(op.name, op.kind, op.dims, op.per_head) for op in g.operands)
-        return Signature(g.name, operands, tuple((name, s.dims) for name, s in g.states.items()), g.uses_scale)
 
 
 def compile_spec(source: str, filename: str = "<spec>") -> Compiled:

@@ -86,19 +86,22 @@ def test_low_precision_inputs_keep_float32_states():
     assert (o - ref).norm() / ref.norm() < 1e-5 and (S - S_ref).norm() / S_ref.norm() < 1e-5
 
 
-@pytest.mark.parametrize("name", ["gla", "gsa"])
-def test_torch_compile_fullgraph_does_not_break_on_a_mixer(name):
+@pytest.mark.parametrize("name", ["gla", "gsa", "deltanet"])
+def test_torch_compile_fullgraph_does_not_break_on_a_mixer(name, monkeypatch):
     """The scans are torch.library custom ops with fake implementations (gsa: a value-dim scan, a softmax, a key-dim
-    scan), and the plan runs on plain data."""
-    m = lamixer.load(name)
+    scan), and the plan runs on plain data. Traced before any eager call (no configuration chosen yet, nothing
+    cached with the spec), with named arguments."""
+    monkeypatch.setattr(triton_backend, "_chosen", {})
+    monkeypatch.setattr(triton_backend, "_traced", {})
+    m = lamixer.loads(lamixer.mixer.shipped_source(name) + "\n", name)  # a spec compiled afresh
     tensors, _ = random_call(m, T=20, H=2, dtype=torch.float32, initial_state=False, seed=3)
+    compiled_fn = torch.compile(lambda **xs: m(**xs, backend="triton")[0], fullgraph=True, backend="aot_eager")
+    leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+    o2 = compiled_fn(**leaves)
+    o2.sum().backward()
     eager = {k: v.clone().requires_grad_() for k, v in tensors.items()}
     o, _ = m(**eager, backend="triton")
     o.sum().backward()
-    compiled_fn = torch.compile(lambda *xs: m(*xs, backend="triton")[0], fullgraph=True, backend="aot_eager")
-    leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
-    o2 = compiled_fn(*leaves.values())
-    o2.sum().backward()
     assert torch.equal(o, o2)
     for k in leaves:
         assert torch.equal(leaves[k].grad, eager[k].grad), k

@@ -496,6 +496,8 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
 
 # configurations chosen in this process, so a call pays for the cache lookup once per shape
 _chosen: dict[tuple, Config] = {}
+# the last configuration eager calls chose per kernel and head dims: what torch.compile traces (see choose_config)
+_traced: dict[tuple, Config] = {}
 CONFIG_OVERRIDE: Config | None = None  # set by the autotuner while it times a candidate
 OVERRIDE_FAMILY: str | None = None  # the template family the override is for (None: every family)
 
@@ -504,15 +506,30 @@ def kernel_hash(decay: str, read: str, acc: str) -> str:
     return _digest(render(family(decay), decay=decay, read=read, acc=acc))
 
 
-def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
-    """The tuned configuration for this kernel, GPU, dtype and shape bucket, else the default (never a search)."""
-    if CONFIG_OVERRIDE is not None and OVERRIDE_FAMILY in (None, family(decay)):
+def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, default, hash_of, usable=lambda c: True) -> Config:
+    """The tuned configuration of family `fam`'s kernels for this GPU, dtype and shape bucket, else default(decay,
+    K, V); never a search. The autotuner's override applies to its family when usable(override).
+
+    While torch.compile traces, no cache file is read and no template rendered (neither can be traced), and the
+    length and batch may be symbolic: the configuration is the one eager calls last chose for these head dims,
+    else the default."""
+    if CONFIG_OVERRIDE is not None and OVERRIDE_FAMILY in (None, fam) and usable(CONFIG_OVERRIDE):
         return CONFIG_OVERRIDE
-    key = (decay, read, acc, dtype, shape_bucket(B, T, H, K, V), str(device))
+    dims = (fam, decay, read, acc, dtype, K, V, str(device))
+    if torch.compiler.is_compiling():
+        traced = _traced.get(dims)
+        return traced if traced is not None else default(decay, K, V)
+    key = (*dims, shape_bucket(B, T, H, K, V))
     if key not in _chosen:
-        found = lookup(entry_key(device_name(device), kernel_hash(decay, read, acc), dtype, shape_bucket(B, T, H, K, V)))
-        _chosen[key] = found or default_config(decay, K, V)
+        found = lookup(entry_key(device_name(device), hash_of(decay, read, acc), dtype, shape_bucket(B, T, H, K, V)))
+        _chosen[key] = found if found is not None and usable(found) else default(decay, K, V)
+    _traced[dims] = _chosen[key]
     return _chosen[key]
+
+
+def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
+    """The additive kernels' configuration (choose_config)."""
+    return choose_config(family(decay), decay, read, acc, dtype, B, T, H, K, V, device, default_config, kernel_hash)
 
 
 def direct_operands(compiled: Compiled, call: Call) -> dict[int, tuple[str, int | None]]:

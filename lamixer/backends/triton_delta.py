@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autotune import Config, _pow2, device_name, entry_key, lookup, shape_bucket
+from ..autotune import Config, _pow2
 from . import triton as tb
 from .torch import ScanOperands
 
@@ -58,19 +58,10 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
     return out
 
 
-_chosen: dict[tuple, Config] = {}  # configurations chosen in this process
-
-
 def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
-    """The tuned configuration for this kernel, GPU, dtype and shape bucket, else the default (never a search).
-    An override the autotuner sets (triton.CONFIG_OVERRIDE) applies when its chunk length suits the solve."""
-    if tb.CONFIG_OVERRIDE is not None and tb.OVERRIDE_FAMILY in (None, FAMILY) and tb.CONFIG_OVERRIDE.BT in CHUNKS:
-        return tb.CONFIG_OVERRIDE
-    key = (decay, read, acc, dtype, shape_bucket(B, T, H, K, V), str(device))
-    if key not in _chosen:
-        found = lookup(entry_key(device_name(device), kernel_hash(decay, read, acc), dtype, shape_bucket(B, T, H, K, V)))
-        _chosen[key] = found if found is not None and found.BT in CHUNKS else default_config(decay, K, V)
-    return _chosen[key]
+    """The delta kernels' configuration (triton.choose_config): one with a chunk length the solve handles."""
+    return tb.choose_config(FAMILY, decay, read, acc, dtype, B, T, H, K, V, device, default_config, kernel_hash,
+                            usable=lambda c: c.BT in CHUNKS)  # fmt: skip
 
 
 def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str):
