@@ -197,3 +197,37 @@ def test_a_state_nothing_reads_is_refused_by_name(T):
         m(**tensors, backend="triton")
     o, _ = m(**tensors)
     assert o.shape[1] == T
+
+
+def _memos(m) -> list[dict]:
+    """The per-signature memos of a mixer's call bindings."""
+    return [v.memo for v in m.compiled.cache.values() if getattr(v, "memo", None) is not None]
+
+
+def test_per_token_work_fused_by_torch_compile(monkeypatch):
+    """On a fusing device the plan around the chunked scans runs under torch.compile, one compiled function per call
+    signature: the same outputs and gradients as unfused, at a new length (a second graph) and for a second spec. Here the
+    CPU stands in for the GPU, with torch.compile's aot_eager backend (the same operations, no code generation)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    monkeypatch.setattr(triton_backend, "FUSE", True)
+    monkeypatch.setattr(triton_backend, "FUSE_DEVICES", ("cpu",))
+    monkeypatch.setattr(triton_backend, "FUSE_BACKEND", "aot_eager")
+    for name, T in [("deltanet", 70), ("deltanet", 90), ("lln", 70)]:
+        m = lamixer.loads(lamixer.mixer.shipped_source(name) + "\n# fused\n", name)  # compiled afresh: no fused function yet
+        tensors, states = random_call(m, T=T, H=2, dtype=torch.float32, seed=T)
+        outs = {}
+        for fuse in (True, False):
+            monkeypatch.setattr(triton_backend, "FUSE", fuse)
+            leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+            o, S = m(**leaves, initial_state=states, output_final_state=True, backend="triton")
+            (o.square().sum() + S[0].sum()).backward()
+            outs[fuse] = (o, S[0], {k: v.grad for k, v in leaves.items()})
+        assert any(k[0] == "fused" for memo in _memos(m) for k in memo if isinstance(k, tuple)), name
+        o, S, grads = outs[True]
+        assert torch.allclose(o, outs[False][0], rtol=1e-5, atol=1e-6) and torch.allclose(S, outs[False][1], rtol=1e-5, atol=1e-6)
+        for k, g in grads.items():
+            assert torch.allclose(g, outs[False][2][k], rtol=1e-4, atol=1e-6), (name, k)
+    assert counters["stats"]["unique_graphs"] >= 3  # deltanet, deltanet at a new length, lln

@@ -103,7 +103,7 @@ def test_tuning_a_delta_spec_stores_under_its_kernel(tmp_path, monkeypatch):
 
     monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
     at._memo.clear()
-    triton_delta._chosen.clear()
+    triton_backend._chosen.clear()
     m = lamixer.load("gated_deltanet")
     trials, keys = at.tune(m, 1, 40, 2, 16, torch.float32, "cpu", limit=2)
     assert all(t.error < 1e-3 and t.ms > 0 for t in trials)
@@ -111,7 +111,7 @@ def test_tuning_a_delta_spec_stores_under_its_kernel(tmp_path, monkeypatch):
     best = min(trials, key=lambda t: t.ms).config
     assert triton_delta.scan_config("scalar", "after", "float32", torch.float32, 1, 40, 2, 16, 16, torch.device("cpu")) == best
     at._memo.clear()
-    triton_delta._chosen.clear()
+    triton_backend._chosen.clear()
 
 
 def test_torch_compile_fullgraph_traces_the_delta_scan():

@@ -10,7 +10,7 @@ import torch
 
 from ..runtime import ops
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
-from ..runtime.scan import block_attention, scan_group, stat, torch_scan
+from ..runtime.scan import attention_dtype, block_attention, scan_group, stat, torch_scan
 
 SIGNATURE = Signature(
     "lln",
@@ -103,7 +103,7 @@ def forward(call, scan):
     )
     t39 = z_read + 1e-05  # [B, T, H]
     o_lln = S_read / t39[..., None]  # [B, T, H, V]
-    o_diag = block_attention(q, k, v, scale, K, call.cu_seqlens)  # [B, T, H, V]: causal softmax attention in blocks of K
+    o_diag = block_attention(q, k, v, scale, K, call.cu_seqlens, attention_dtype(call))  # [B, T, H, V]: causal softmax attention in blocks of K
     t43 = o_lln + o_diag  # [B, T, H, V]
     o = t43 / 2.0  # [B, T, H, V]
     return o, [S, z]

@@ -134,9 +134,10 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
 
 
 
-def _block_attention(q, k, v, scale, size: int) -> torch.Tensor:
-    """Causal softmax attention within blocks of `size` tokens of one sequence: [B, T, H, D] -> [B, T, H, Dv]. Each
-    block is one batch row of torch's scaled_dot_product_attention (a fused kernel on a GPU: no scores kept)."""
+def _block_attention(q, k, v, size: int) -> torch.Tensor:
+    """Causal softmax attention (q already scaled) within blocks of `size` tokens of one sequence: [B, T, H, D] ->
+    [B, T, H, Dv]. Each block is one batch row of torch's scaled_dot_product_attention (a fused kernel on a GPU: no
+    scores kept)."""
     B, T, H, _ = q.shape
     size = min(size, T)  # blocks start at the first token: a block longer than the sequence is the sequence
     nb = -(-T // size)
@@ -145,7 +146,7 @@ def _block_attention(q, k, v, scale, size: int) -> torch.Tensor:
         x = F.pad(x, (0, 0, 0, 0, 0, nb * size - T)) if nb * size != T else x
         return x.reshape(B * nb, size, H, x.shape[-1]).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(blocks(q * scale), blocks(k), blocks(v), is_causal=True, scale=1.0)  # [B * nb, H, size, Dv]
+    out = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), is_causal=True, scale=1.0)  # [B * nb, H, size, Dv]
     return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
 
 
@@ -250,10 +251,21 @@ def per_sequence(fn, cu_seqlens, *xs: torch.Tensor) -> list:
     return [fn(*(x[:, s:e] for x in xs)) for s, e in zip(cu[:-1], cu[1:])]
 
 
-def block_attention(q, k, v, scale, size: int, cu_seqlens=None) -> torch.Tensor:
-    """Causal softmax attention within blocks of `size` tokens of every sequence: [B, T, H, D] -> [B, T, H, Dv]."""
-    scale = torch.as_tensor(scale, dtype=q.dtype, device=q.device).reshape(())
-    return torch.cat(per_sequence(lambda *x: _block_attention(*x, scale, size), cu_seqlens, q, k, v), 1)
+def attention_dtype(call) -> torch.dtype | None:
+    """The dtype block attention runs in: on a GPU with half-precision inputs, that half type (its flash kernels
+    accumulate in float32), as the scans' dots read their operands in it; else None (the compute dtype)."""
+    half = call.out_dtype in (torch.bfloat16, torch.float16)
+    return call.out_dtype if half and call.device.type == "cuda" else None
+
+
+def block_attention(q, k, v, scale, size: int, cu_seqlens=None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Causal softmax attention within blocks of `size` tokens of every sequence: [B, T, H, D] -> [B, T, H, Dv],
+    computed in `dtype` when given, returned in q's."""
+    out = q.dtype
+    q = q * torch.as_tensor(scale, dtype=q.dtype, device=q.device).reshape(())
+    if dtype is not None:
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    return torch.cat(per_sequence(lambda *x: _block_attention(*x, size), cu_seqlens, q, k, v), 1).to(out)
 
 
 def stat(fn: str, x: torch.Tensor, groups: tuple[str, ...], cu_seqlens=None) -> torch.Tensor:

@@ -12,7 +12,7 @@ from ..call import Call, remember
 from ..compiler import Compiled
 from ..passes.classify import Scan
 from ..runtime import ops
-from ..runtime.scan import ScanOperands, block_attention, scan_group, stat, torch_scan
+from ..runtime.scan import ScanOperands, attention_dtype, block_attention, scan_group, stat, torch_scan
 
 __all__ = ["ScanOperands", "run", "torch_scan"]
 
@@ -170,7 +170,8 @@ class _Evaluator:
         q, k, v, scale = self.nodes[n]["args"]
         size = self.nodes[n]["size"]
         size = size if isinstance(size, int) else self.call.sizes[size]
-        return block_attention(self.full(q), self.full(k), self.full(v), self.env[scale], size, self.call.cu_seqlens)
+        call = self.call
+        return block_attention(self.full(q), self.full(k), self.full(v), self.env[scale], size, call.cu_seqlens, attention_dtype(call))
 
     def operand(self, n: int | None) -> torch.Tensor | None:
         """A scan operand: a node's value, or a direct operand's input tensor (its factor left to the kernel)."""

@@ -25,7 +25,7 @@ _NUMBERS = ("const", "dim", "scale")
 CALL_ARGUMENTS = ("scale", "initial_state", "output_final_state", "cu_seqlens", "backend")
 # module-level names of a mixer module, which no spec name may take
 MODULE_NAMES = ("SIGNATURE", "BACKENDS", "BINDINGS", "TRITON_MISSING", "forward", "default_scale", "torch", "F", "ops", "Operand", "Signature",
-                "bind", "check", "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "torch_scan", "scans",
+                "bind", "check", "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "attention_dtype", "torch_scan", "scans",
                 # and what the package's __init__ exports beside the mixer, or its submodules
                 "Layer", "LayerState", "ArgumentError", "LamixerError", "mixer", "layer", "runtime", "kernels")  # fmt: skip
 
@@ -154,10 +154,11 @@ class MixerWriter:
     def block_attention(self, n: int) -> None:
         d = self.nodes[n]
         self.m.use(self.m.runtime + ".scan", "block_attention")
+        self.m.use(self.m.runtime + ".scan", "attention_dtype")
         q, k, v, scale = d["args"]
         size = str(d["size"]) if isinstance(d["size"], int) else self.dims[d["size"]]
         args = ", ".join([self.full(q), self.full(k), self.full(v), self.env[scale].code, size])
-        self.assign(n, f"block_attention({args}, call.cu_seqlens)", ("B", "T", "H"), f"causal softmax attention in blocks of {d['size']}")
+        self.assign(n, f"block_attention({args}, call.cu_seqlens, attention_dtype(call))", ("B", "T", "H"), f"causal softmax attention in blocks of {d['size']}")
 
     def scan(self, state: str) -> None:
         """One scan_group call: the scan of `state` and those fusable with it (values side by side)."""
