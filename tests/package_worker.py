@@ -9,22 +9,36 @@ raises here, so a package that reaches for one fails.
 import importlib
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 
 BLOCKED = {"lamixer", "lark", "networkx", "jinja2", "click", "rich"}
 
 
 class Blocker(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds the blocked modules (torch probes for some with find_spec) and fails to load them."""
+    """Finds the blocked modules (torch probes for some with find_spec) and fails to load them, unless torch itself
+    imports one (torch.compile's partitioner imports networkx, its code generation jinja2: torch's own dependencies)."""
 
     def find_spec(self, name, path, target=None):
-        return importlib.machinery.ModuleSpec(name, self) if name.split(".")[0] in BLOCKED else None
+        top = name.split(".")[0]
+        if top not in BLOCKED or _importer_in(("torch", top)):  # torch, or the module's own package once torch let it in
+            return None
+        return importlib.machinery.ModuleSpec(name, self)
 
     def create_module(self, spec):
         raise ImportError(f"{spec.name} may not be imported by a compiled package")
 
     def exec_module(self, module):
         raise AssertionError("unreachable")
+
+
+def _importer_in(packages) -> bool:
+    """Whether the code asking for the import (the first frame outside the import machinery) is in one of these
+    packages."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib") or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    return frame is not None and any(f"{os.sep}{p}{os.sep}" in frame.f_code.co_filename for p in packages)
 
 
 sys.meta_path.insert(0, Blocker())
@@ -40,7 +54,11 @@ import torch  # noqa: E402
 
 def run_mixer(case: dict) -> dict:
     before = set(sys.modules)
-    fn = getattr(importlib.import_module(case["module"]), case["function"])
+    module = importlib.import_module(case["module"])
+    fn = getattr(module, case["function"])
+    if case.get("fuse"):  # the CPU stands in for a GPU, torch.compile's aot_eager backend for inductor
+        fuse = importlib.import_module(case["module"].rsplit(".", 1)[0] + ".runtime.fuse")
+        fuse.DEVICES, fuse.BACKEND = ("cpu",), "aot_eager"
     grad = case.get("grad", True)  # without: inference, where short sequences run on the recurrent kernel
     leaves = {k: v.clone().requires_grad_(grad) for k, v in case["tensors"].items()}
     h0 = [s.clone().requires_grad_(grad) for s in case["states"]]
@@ -52,7 +70,10 @@ def run_mixer(case: dict) -> dict:
         loss = (o.double() * case["do"]).sum() + sum((f.double() * d).sum() for f, d in zip(finals, case["dfinals"]))
         grads = list(torch.autograd.grad(loss, [*leaves.values(), *h0], allow_unused=True))
     kernels = sorted(m for m in set(sys.modules) - before if ".kernels." in m and ".kernels.host" not in m)  # the kernel modules this call loaded
-    return {"o": o.detach(), "finals": [f.detach() for f in finals], "grads": grads, "kernels": kernels}
+    fused = any(isinstance(k, tuple) and k[0] == "fused" for b in importlib.import_module(case["module"] + ".mixer").BINDINGS.values() for k in b.memo)
+    if case.get("fuse"):
+        fuse.DEVICES, fuse.BACKEND = ("cuda",), "inductor"
+    return {"o": o.detach(), "finals": [f.detach() for f in finals], "grads": grads, "kernels": kernels, "fused": fused}
 
 
 def run_layer(case: dict) -> dict:

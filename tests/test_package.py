@@ -125,6 +125,11 @@ def _run(tmp_path_factory):
         refs[name, "triton", grad] = _reference(m, case, "triton", grad)
         refs[name, "triton interpret", grad] = _reference(m, case, grad=grad)
         mixers[f"triton|{name}|{grad}"] = {**case, "module": f"mixers.{package_name(name)}", "function": name, "backend": "triton", "grad": grad}
+    # the per-token work fused by torch.compile (runtime/fuse.py), the CPU standing in for a GPU
+    m = lamixer.load("lln")
+    case = _interpret_case(m, 98, None, None, dtype=torch.float32)
+    refs["lln", "fused"] = _reference(m, case, "triton")
+    mixers["fused|lln"] = {**case, "module": f"mixers.{package_name('lln')}", "function": "lln", "backend": "triton", "grad": True, "fuse": True}
 
     cases_file, results_file = root / "cases.pt", root / "results.pt"
     torch.save({"path": [str(standalone), str(shared.parent)], "mixers": mixers, "layers": layers}, cases_file)
@@ -372,3 +377,15 @@ def test_layer_numbers_combine_as_lamixer_combines_them(tmp_path):
             x = torch.randn(2, 5, 16, dtype=dtype)
             y = b(x)
             assert y.dtype == dtype and torch.equal(y, a(x))
+
+
+def test_package_fuses_the_per_token_work(run):
+    """A package runs its chunk kernels' per-token work under torch.compile where runtime/fuse.py fuses (here the
+    CPU with the aot_eager backend): the same results as lamixer's unfused triton backend."""
+    refs, results = run
+    got = results["mixers"]["fused|lln"]
+    assert got["fused"]
+    errors = _errors(got, refs["lln", "fused"])
+    assert max(errors.values()) < 1e-5, errors
+    unfused = [r for key, r in results["mixers"].items() if key.startswith("triton|")]
+    assert unfused and not any(r["fused"] for r in unfused)

@@ -9,6 +9,7 @@ from conftest import EXAMPLE_SPECS as EXAMPLES
 import lamixer
 from lamixer.backends import triton as triton_backend
 from lamixer.check import compare, random_call, rel_rms
+from lamixer.runtime import fuse
 
 TOL = 1e-7
 ADDITIVE = [n for n in lamixer.shipped_specs()
@@ -212,20 +213,19 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
 
     torch._dynamo.reset()
     counters.clear()
-    monkeypatch.setattr(triton_backend, "FUSE", True)
-    monkeypatch.setattr(triton_backend, "FUSE_DEVICES", ("cpu",))
-    monkeypatch.setattr(triton_backend, "FUSE_BACKEND", "aot_eager")
+    monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
+    monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
     for name, T in [("deltanet", 70), ("deltanet", 90), ("lln", 70)]:
         m = lamixer.loads(lamixer.mixer.shipped_source(name) + "\n# fused\n", name)  # compiled afresh: no fused function yet
         tensors, states = random_call(m, T=T, H=2, dtype=torch.float32, seed=T)
         outs = {}
-        for fuse in (True, False):
-            monkeypatch.setattr(triton_backend, "FUSE", fuse)
+        for fused in (True, False):
+            monkeypatch.setattr(fuse, "ENABLED", fused)
             leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
             o, S = m(**leaves, initial_state=states, output_final_state=True, backend="triton")
             (o.square().sum() + S[0].sum()).backward()
-            outs[fuse] = (o, S[0], {k: v.grad for k, v in leaves.items()})
-        assert any(k[0] == "fused" for memo in _memos(m) for k in memo if isinstance(k, tuple)), name
+            outs[fused] = (o, S[0], {k: v.grad for k, v in leaves.items()})
+        assert name not in fuse._failed and any(k[0] == "fused" for memo in _memos(m) for k in memo if isinstance(k, tuple)), name
         o, S, grads = outs[True]
         assert torch.allclose(o, outs[False][0], rtol=1e-5, atol=1e-6) and torch.allclose(S, outs[False][1], rtol=1e-5, atol=1e-6)
         for k, g in grads.items():

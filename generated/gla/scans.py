@@ -62,3 +62,8 @@ def _choose(call, backend):
     if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
         dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits
     return functools.partial(host_recurrent.scan if recurrent else host.triton_scan, dtype=dtype)
+
+
+def chunked(scan) -> bool:
+    """Whether choose() picked the chunk kernels (whose per-token work runtime/fuse.py fuses on a GPU)."""
+    return isinstance(scan, functools.partial) and scan.func is host.triton_scan

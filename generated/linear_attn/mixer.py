@@ -6,6 +6,7 @@ is its kernel plan written out: the per-token work one line per node, each scan 
 """
 from __future__ import annotations
 
+from ..runtime import fuse
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
 
@@ -38,12 +39,13 @@ def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=F
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (q, k, v), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k": k, "v": v}, scale, initial_state, cu_seqlens, default_scale))
-    scan = torch_scan
+    scan, chunked = torch_scan, False
     if backend != "torch":
         from . import scans
 
         scan = scans.choose(call, backend)
-    o, finals = forward(call, scan)
+        chunked = scans.chunked(scan)
+    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work
     return results(call, o, finals, output_final_state)
 
 

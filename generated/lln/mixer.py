@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import ops
+from ..runtime import fuse, ops
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import attention_dtype, block_attention, scan_group, stat, torch_scan
 
@@ -42,12 +42,13 @@ def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (q, k, v), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k": k, "v": v}, scale, initial_state, cu_seqlens, default_scale))
-    scan = torch_scan
+    scan, chunked = torch_scan, False
     if backend != "torch":
         from . import scans
 
         scan = scans.choose(call, backend)
-    o, finals = forward(call, scan)
+        chunked = scans.chunked(scan)
+    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work
     return results(call, o, finals, output_final_state)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..runtime import fuse
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
 
@@ -45,12 +46,13 @@ def mamba2(x, B, C, dt, A_log, D, dt_bias, *, scale=None, initial_state=None, ou
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (x, B, C, dt, A_log, D, dt_bias), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"x": x, "B": B, "C": C, "dt": dt, "A_log": A_log, "D": D, "dt_bias": dt_bias}, scale, initial_state, cu_seqlens, default_scale))
-    scan = torch_scan
+    scan, chunked = torch_scan, False
     if backend != "torch":
         from . import scans
 
         scan = scans.choose(call, backend)
-    o, finals = forward(call, scan)
+        chunked = scans.chunked(scan)
+    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work
     return results(call, o, finals, output_final_state)
 
 

@@ -7,14 +7,11 @@ from there (Triton's JIT reads kernel source from files).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import importlib.util
 import os
 import tempfile
-import types
-import warnings
 from importlib import resources
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import torch
 from ..autotune import Config, _pow2, default_config, device_name, entry_key, lookup, shape_bucket
 from ..call import Call, remember
 from ..compiler import Compiled
+from ..runtime import fuse
 from . import torch as torch_backend
 from .torch import ScanOperands
 
@@ -579,44 +577,12 @@ def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor
     choices = call.memo.get(key)
     if choices is None:
         choices = remember(call.memo, key, _choices(compiled, call, interpreted))
-    if FUSE and call.device.type in FUSE_DEVICES and call.cu_seqlens is None and CONFIG_OVERRIDE is None and choices[0].func is triton_scan:
-        fused = call.memo.get(("fused", key))
-        if fused is None and not compiled.cache.get("unfused"):
-            fused = remember(call.memo, ("fused", key), _fuse(compiled))
-        if fused is not None:
-            try:
-                return fused(compiled, dataclasses.replace(call, memo=None), *choices)
-            except Exception as e:
-                if not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
-                    raise
-                warnings.warn(f"lamixer: torch.compile could not fuse {compiled.name}'s per-token work, which now runs "
-                              f"unfused ({type(e).__name__}: {str(e)[:200]})", stacklevel=3)  # fmt: skip
-                compiled.cache["unfused"] = True
-                call.memo.pop(("fused", key))
-    return torch_backend.run(compiled, call, *choices)
+    chunked = CONFIG_OVERRIDE is None and choices[0].func is triton_scan  # the autotuner times kernels unfused
+    return fuse.run(_evaluate, compiled.name, call, compiled, *choices, when=chunked)
 
 
-# The per-token work around the chunked scans (feature maps, normalizations, gates, statistics, the output's
-# epilogue) runs as torch operations; on the GPU, torch.compile (inductor) fuses them, forward and backward, into a
-# few kernels around the scans, which it sees as custom ops. Each call signature (shapes, dtypes, which arguments
-# are given) and grad mode compiles once, for its static shapes (a dynamic-shape graph measured up to 1.9x slower on
-# the H200, lln forward 2.35 -> 4.28 ms). Packed sequences (cu_seqlens: lengths change from batch to batch),
-# decoding (the recurrent kernel), the autotuner's timing and calls made while torch.compile traces a caller's model
-# run unfused. LAMIXER_FUSE=0 turns fusion off.
-FUSE = os.environ.get("LAMIXER_FUSE", "1") != "0"
-FUSE_DEVICES = ("cuda",)
-FUSE_BACKEND = "inductor"
-
-
-def _evaluate(compiled: Compiled, call: Call, scan_impl, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _evaluate(call: Call, compiled: Compiled, scan_impl, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:
     return torch_backend.run(compiled, call, scan_impl, direct, prog)
-
-
-def _fuse(compiled: Compiled):
-    """_evaluate under torch.compile, as a copy of its code: dynamo keeps compiled graphs, and counts
-    recompilations against its limit, per code object, so each signature's graph lives alone."""
-    code = _evaluate.__code__.replace(co_name=f"evaluate_{compiled.name}")
-    return torch.compile(types.FunctionType(code, _evaluate.__globals__, code.co_name), backend=FUSE_BACKEND, dynamic=False)
 
 
 def _choices(compiled: Compiled, call: Call, interpreted: bool) -> tuple:

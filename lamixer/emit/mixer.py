@@ -25,7 +25,7 @@ _NUMBERS = ("const", "dim", "scale")
 CALL_ARGUMENTS = ("scale", "initial_state", "output_final_state", "cu_seqlens", "backend")
 # module-level names of a mixer module, which no spec name may take
 MODULE_NAMES = ("SIGNATURE", "BACKENDS", "BINDINGS", "TRITON_MISSING", "forward", "default_scale", "torch", "F", "ops", "Operand", "Signature",
-                "bind", "check", "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "attention_dtype", "torch_scan", "scans",
+                "bind", "check", "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "attention_dtype", "torch_scan", "scans", "fuse",
                 # and what the package's __init__ exports beside the mixer, or its submodules
                 "Layer", "LayerState", "ArgumentError", "LamixerError", "mixer", "layer", "runtime", "kernels")  # fmt: skip
 
@@ -283,8 +283,10 @@ is its kernel plan written out: the per-token work one line per node, each scan 
         m.use(runtime + ".call", name)
     if not has_kernels:
         m.use(runtime + ".call", "pick_backend")
+    else:
+        m.use(runtime, "fuse")
     m.use(runtime + ".scan", "torch_scan")
-    params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan"), builtin_names=False)  # the call's body calls no builtin
+    params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan", "chunked"), builtin_names=False)  # the call's body calls no builtin
     args = {op.name: params.claim(op.name) for op in g.operands}
     operands = "".join(f"\n        Operand({src.text(op.name)}, {src.text(op.kind)}, {src.names(op.dims)}, {op.per_head}),"
                        for op in g.operands)  # fmt: skip
@@ -325,12 +327,13 @@ is its kernel plan written out: the per-token work one line per node, each scan 
                   "    o, finals = forward(call, torch_scan)"]  # fmt: skip
     else:
         lines += [
-            "    scan = torch_scan",
+            "    scan, chunked = torch_scan, False",
             '    if backend != "torch":',
             "        from . import scans",
             "",
             "        scan = scans.choose(call, backend)",
-            "    o, finals = forward(call, scan)",
+            "        chunked = scans.chunked(scan)",
+            "    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work",
         ]
     lines += ["    return results(call, o, finals, output_final_state)", "", ""]
     lines += ["def default_scale(sizes):", f'    """The scale when the call gives none: {scale_text}, for the call\'s dim sizes."""']
