@@ -25,7 +25,7 @@ import triton
 import lamixer
 from lamixer import bench
 from lamixer.backends import triton as triton_backend
-from lamixer.check import compare, random_call
+from lamixer.check import compare, forward_backward, random_call, rel_rms
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2}
 
@@ -57,10 +57,8 @@ def check(names, rows, quick=False):
         for dtype in () if quick else (torch.float32, torch.bfloat16):
             tensors, states = random_call(m, B=1, T=16384, H=2, size=64, gate="normal", dtype=dtype, device="cuda", seed=1)
             states = tuple(s.float() for s in states)
-            got = _fb(m, tensors, states, "triton")
-            ref = _fb(m, {k: v.double() for k, v in tensors.items()}, tuple(s.double() for s in states), "torch")
-            from lamixer.check import rel_rms
-
+            got = forward_backward(m, tensors, states, "triton")
+            ref = forward_backward(m, {k: v.double() for k, v in tensors.items()}, tuple(s.double() for s in states), "torch")
             errs = {k: rel_rms(got[k], ref[k]) for k in ref}
             worst = max(errs.values())
             rows.append(dict(kind="check", spec=name, dtype=str(dtype)[6:], T=16384, gate="normal", varlen=False, worst=worst,
@@ -84,20 +82,6 @@ def check_recurrent(names, rows):
                 rows.append(dict(kind="check", spec=name, kernel="recurrent", dtype=str(dtype)[6:], T=T or cu[-1], gate=gate,
                                  varlen=cu is not None, worst=c.worst, worst_of=max(c.errors, key=c.errors.get), ok=c.worst < TOL[dtype]))  # fmt: skip
                 print(rows[-1], flush=True)
-
-
-def _fb(m, tensors, states, backend):
-    leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
-    h0 = tuple(s.detach().clone().requires_grad_() for s in states)
-    o, fin = m(**leaves, initial_state=h0 if len(h0) > 1 else h0[0], output_final_state=True, backend=backend)
-    fin = fin if isinstance(fin, tuple) else (fin,)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    loss = (o.double() * torch.randn(o.shape, generator=gen, device="cuda", dtype=torch.float64)).sum()
-    loss = loss + sum((f.double() * torch.randn(f.shape, generator=gen, device="cuda", dtype=torch.float64)).sum() for f in fin)
-    grads = torch.autograd.grad(loss, list(leaves.values()) + list(h0))
-    out = {"o": o.detach(), **{f"state{i}": f.detach() for i, f in enumerate(fin)}}
-    out.update({f"d{k}": gr for k, gr in zip(list(leaves) + [f"h0_{i}" for i in range(len(h0))], grads)})
-    return out
 
 
 def main():

@@ -15,13 +15,12 @@ import os
 import time
 
 import torch
-from gpu import _fb  # bench/ is the script's folder: the same forward+backward the GPU check uses
 
 import lamixer
 from lamixer import bench
 from lamixer.autotune import Config
 from lamixer.backends import triton as tb
-from lamixer.check import random_call, rel_rms
+from lamixer.check import forward_backward, random_call, rel_rms
 
 
 def kernel_times(fn, do) -> dict[str, float]:
@@ -45,10 +44,10 @@ def check(m, config) -> float:
     states = tuple(s.float() for s in states)
     tb.CONFIG_OVERRIDE = config
     try:
-        got = _fb(m, tensors, states, "triton")
+        got = forward_backward(m, tensors, states, "triton")
     finally:
         tb.CONFIG_OVERRIDE = None
-    ref = _fb(m, {k: v.double() for k, v in tensors.items()}, tuple(s.double() for s in states), "torch")
+    ref = forward_backward(m, {k: v.double() for k, v in tensors.items()}, tuple(s.double() for s in states), "torch")
     return max(rel_rms(got[k], ref[k]) for k in ref)
 
 

@@ -173,16 +173,10 @@ class Trial:
     note: str = ""
 
 
-def _fwd_bwd(mixer, tensors, states, backend):
-    leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
-    h0 = tuple(s.detach().clone().requires_grad_() for s in states)
-    o, fin = mixer(**leaves, initial_state=h0 if len(h0) > 1 else h0[0], output_final_state=True, backend=backend)
-    fin = fin if isinstance(fin, tuple) else (fin,)
-    gen = torch.Generator(device=o.device).manual_seed(0)
-    loss = (o.float() * torch.randn(o.shape, generator=gen, device=o.device)).sum()
-    loss = loss + sum((f.float() * torch.randn(f.shape, generator=gen, device=o.device)).sum() for f in fin)
-    grads = torch.autograd.grad(loss, list(leaves.values()) + list(h0))
-    return [o, *fin, *grads]
+def _step(mixer, leaves: dict, h0: tuple, do: torch.Tensor) -> None:
+    """The timed work: one forward and backward on the triton backend."""
+    o, _ = mixer(**leaves, initial_state=h0 if len(h0) > 1 else h0[0], output_final_state=True, backend="triton")
+    o.backward(do)
 
 
 def search_space(mixer, size: int) -> tuple[str, list[Config]]:
@@ -202,14 +196,17 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     only meaningful place); under the CPU interpreter it uses wall time, for testing the machinery.
     """
     from .backends import triton as tb
-    from .check import random_call, rel_rms
+    from .check import forward_backward, random_call, rel_rms
 
     missing = tb.unsupported(mixer.compiled)
     if missing:
         raise ValueError("; ".join(missing))
     tensors, states = random_call(mixer, B=B, T=T, H=H, size=size, dtype=dtype, device=device, distinct=False)
     states = tuple(s.float() for s in states)
-    reference = _fwd_bwd(mixer, {k: v.float() for k, v in tensors.items()}, states, "torch")
+    reference = forward_backward(mixer, {k: v.float() for k, v in tensors.items()}, states, "torch")
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
+    h0 = tuple(s.detach().clone().requires_grad_() for s in states)
+    do = torch.randn_like(reference["o"]).to(dtype)
     tol = 1e-3 if dtype == torch.float32 else 1e-2
     from .emit.kernels import chunk_config
 
@@ -219,8 +216,8 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     for config in space[:limit]:
         tb.CONFIG_OVERRIDE, tb.OVERRIDE_FAMILY = config, tuned  # the spec's scans of other families keep their own
         try:
-            got = _fwd_bwd(mixer, tensors, states, "triton")
-            error = max(rel_rms(x, r) for x, r in zip(got, reference))
+            got = forward_backward(mixer, tensors, states, "triton")
+            error = max(rel_rms(got[k], reference[k]) for k in reference)
         except Exception as e:  # a configuration the compiler or the GPU rejects (registers, shared memory)
             trials.append(Trial(config, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
             tb.CONFIG_OVERRIDE = tb.OVERRIDE_FAMILY = None
@@ -230,7 +227,7 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
         if not error < tol:
             trials.append(Trial(config, error, None, "wrong: not timed"))
         else:
-            trials.append(Trial(config, error, _time(lambda: _fwd_bwd(mixer, tensors, states, "triton"), device)))
+            trials.append(Trial(config, error, _time(lambda: _step(mixer, leaves, h0, do), device)))
         tb.CONFIG_OVERRIDE = tb.OVERRIDE_FAMILY = None
         if on_trial:
             on_trial(trials[-1])

@@ -75,32 +75,32 @@ class Comparison:
         return max(self.errors.values())
 
 
-def _forward_backward(mixer: Mixer, tensors, states, backend: str, cu, scale, gen_seed: int):
+def forward_backward(mixer: Mixer, tensors, states, backend: str, cu_seqlens=None, scale=None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One forward and backward of `mixer` on `backend` against random float64 cotangents (drawn on the output's
+    device from `seed`) for the output and every final state: {"o", "state <name>" for each state, "d<input>" and
+    "dh0 <name>" for each gradient} (a gradient is None where the loss does not reach its input)."""
     leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
-    h0 = tuple(s.detach().clone().requires_grad_() for s in states) if states is not None else None
-    o, finals = mixer(**leaves, initial_state=(h0[0] if h0 and len(h0) == 1 else h0), output_final_state=True,
-                      cu_seqlens=cu, backend=backend, scale=scale)  # fmt: skip
+    h0 = tuple(s.detach().clone().requires_grad_() for s in states) if states is not None else ()
+    o, finals = mixer(**leaves, initial_state=(h0[0] if len(h0) == 1 else h0 or None), output_final_state=True,
+                      cu_seqlens=cu_seqlens, backend=backend, scale=scale)  # fmt: skip
     finals = finals if isinstance(finals, tuple) else (finals,)
-    gen = torch.Generator().manual_seed(gen_seed)
-    loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)).sum()
+    gen = torch.Generator(device=o.device).manual_seed(seed)
+    loss = (o.double() * torch.randn(o.shape, generator=gen, dtype=torch.float64, device=o.device)).sum()
     for f in finals:
-        loss = loss + (f.double() * torch.randn(f.shape, generator=gen, dtype=torch.float64).to(f.device)).sum()
-    grads = torch.autograd.grad(loss, list(leaves.values()) + list(h0 or ()), allow_unused=True)
-    return o, finals, dict(zip(list(leaves) + [f"h0 {n}" for n in mixer.states][: len(h0 or ())], grads))
+        loss = loss + (f.double() * torch.randn(f.shape, generator=gen, dtype=torch.float64, device=f.device)).sum()
+    grads = torch.autograd.grad(loss, [*leaves.values(), *h0], allow_unused=True)
+    out = {"o": o.detach(), **{f"state {n}": f.detach() for n, f in zip(mixer.states, finals)}}
+    out.update(zip([f"d{k}" for k in leaves] + [f"dh0 {n}" for n in mixer.states][: len(h0)], grads))
+    return out
 
 
 def compare(mixer: Mixer, backend: str, tensors, states, cu_seqlens=None, scale=None, seed: int = 0) -> Comparison:
     """Relative RMS errors of `backend` against the interpreter: output, final states, every gradient."""
     cu = torch.tensor(cu_seqlens, dtype=torch.int64) if cu_seqlens is not None else None
-    ref = _forward_backward(mixer, tensors, states, "interpret", cu, scale, seed)
-    got = _forward_backward(mixer, tensors, states, backend, cu.to(next(iter(tensors.values())).device) if cu is not None else None,
-                            scale, seed)  # fmt: skip
-    errors = {"o": rel_rms(got[0], ref[0])}
-    for name, a, b in zip(mixer.states, got[1], ref[1]):
-        errors[f"state {name}"] = rel_rms(a, b)
-    for name in ref[2]:
-        errors[f"d{name}" if not name.startswith("h0") else f"d{name}"] = rel_rms(got[2][name], ref[2][name])
-    return Comparison(errors)
+    ref = forward_backward(mixer, tensors, states, "interpret", cu, scale, seed)
+    device = next(iter(tensors.values())).device
+    got = forward_backward(mixer, tensors, states, backend, cu.to(device) if cu is not None else None, scale, seed)
+    return Comparison({k: rel_rms(got[k], ref[k]) for k in ref})
 
 
 def compare_inference(mixer: Mixer, backend: str, tensors, states, cu_seqlens=None, scale=None) -> Comparison:
