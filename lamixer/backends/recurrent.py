@@ -55,8 +55,7 @@ def _reads(modes: tuple[tuple[bool, bool], ...]) -> str:
 
 def template_config(scan) -> tuple[str, str, str]:
     """The (rule, decay, reads) a classified scan renders templates/recurrent.py.jinja with."""
-    decay = {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key", "value": "value"}[scan.decay]
-    return scan.rule, decay, "_".join(_read_mode(r.decayed, r.written) for r in scan.reads)
+    return scan.rule, scan.kernel_decay, "_".join(_read_mode(r.decayed, r.written) for r in scan.reads)
 
 
 @functools.cache

@@ -94,8 +94,7 @@ def _read_mode(decayed: bool, written: bool) -> str:
 
 def template_config(scan) -> tuple[str, str]:
     """The (decay, read) an additive scan renders its template with (a constant decay runs as a scalar one)."""
-    decay = {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key", "value": "value"}[scan.decay]
-    return decay, _read_mode(scan.reads[0].decayed, scan.reads[0].written)
+    return scan.kernel_decay, _read_mode(scan.reads[0].decayed, scan.reads[0].written)
 
 
 def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, int]]:

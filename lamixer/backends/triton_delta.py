@@ -23,8 +23,7 @@ CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, 
 
 def template_config(scan) -> tuple[str, str]:
     """The (decay, read) a classified delta-rule scan renders scan_delta with (a constant decay runs as a scalar one)."""
-    decay = {"none": "none", "constant": "scalar", "scalar": "scalar", "key": "key"}[scan.decay]
-    return decay, tb._read_mode(scan.reads[0].decayed, scan.reads[0].written)
+    return scan.kernel_decay, tb._read_mode(scan.reads[0].decayed, scan.reads[0].written)
 
 
 def kernel_hash(decay: str, read: str, acc: str) -> str:

@@ -52,6 +52,11 @@ class Scan:
             r.query for r in self.reads
         ]
 
+    @property
+    def kernel_decay(self) -> str:
+        """The decay kind the kernels run: a constant decay is a per-token scalar one whose value never changes."""
+        return "scalar" if self.decay == "constant" else self.decay
+
     def describe(self) -> str:
         decay = {"none": "no decay", "constant": "constant decay", "scalar": "scalar decay",
                  "key": f"decay along {self.key_dim}", "value": f"decay along {self.value_dim}"}[self.decay]  # fmt: skip
