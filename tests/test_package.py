@@ -387,5 +387,3 @@ def test_package_fuses_the_per_token_work(run):
     assert got["fused"]
     errors = _errors(got, refs["lln", "fused"])
     assert max(errors.values()) < 1e-5, errors
-    unfused = [r for key, r in results["mixers"].items() if key.startswith("triton|")]
-    assert unfused and not any(r["fused"] for r in unfused)

@@ -221,9 +221,10 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
         outs = {}
         for fused in (True, False):
             monkeypatch.setattr(fuse, "ENABLED", fused)
-            leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
-            o, S = m(**leaves, initial_state=states, output_final_state=True, backend="triton")
-            (o.square().sum() + S[0].sum()).backward()
+            for _ in range(2):  # a signature's first call runs unfused (it chooses the kernel configurations)
+                leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+                o, S = m(**leaves, initial_state=states, output_final_state=True, backend="triton")
+                (o.square().sum() + S[0].sum()).backward()
             outs[fused] = (o, S[0], {k: v.grad for k, v in leaves.items()})
         assert name not in fuse._failed and any(k[0] == "fused" for memo in _memos(m) for k in memo if isinstance(k, tuple)), name
         o, S, grads = outs[True]
@@ -231,3 +232,25 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
         for k, g in grads.items():
             assert torch.allclose(g, outs[False][2][k], rtol=1e-4, atol=1e-6), (name, k)
     assert counters["stats"]["unique_graphs"] >= 3  # deltanet, deltanet at a new length, lln
+
+
+def test_tracing_reads_the_configuration_an_eager_call_chose_for_its_shape(monkeypatch):
+    """Under torch.compile no cache file is read: a traced call takes the configuration an eager call of its shape
+    bucket chose (runtime/fuse.py runs each signature's first call eagerly), not the last one chosen for its head dims."""
+    from lamixer.autotune import Config, default_config
+
+    tuned = Config(32, 32, 64, 4, 1)
+    monkeypatch.setattr(triton_backend, "_chosen", {})
+    monkeypatch.setattr(triton_backend, "_traced", {})
+    monkeypatch.setattr(triton_backend, "lookup", lambda key: tuned if "T8192" in key else None)
+
+    def choose(T):
+        return triton_backend.choose_config("chunk_additive", "scalar", "after", "float32", torch.float32, 4, T, 16, 128, 128,
+                                            torch.device("cpu"), default_config, lambda *a: "hash")  # fmt: skip
+
+    assert choose(8192) == tuned and choose(256) == default_config("scalar", 128, 128) != tuned  # eager, in this order
+    traced = torch.compile(lambda x, T: x * choose(T).BT, backend="eager", fullgraph=True)
+    x = torch.ones(2)
+    assert traced(x, 8192).tolist() == [32.0, 32.0]
+    assert traced(x, 256).tolist() == [64.0, 64.0]
+    assert traced(x, 2 * 8192).tolist() == [64.0, 64.0]  # no eager call of that bucket: the last choice for these dims

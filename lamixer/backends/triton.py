@@ -510,15 +510,18 @@ def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, defa
     """The tuned configuration of family `fam`'s kernels for this GPU, dtype and shape bucket, else default(decay,
     K, V); never a search. The autotuner's override applies to its family when usable(override).
 
-    While torch.compile traces, no cache file is read and no template rendered (neither can be traced), and the
-    length and batch may be symbolic: the configuration is the one eager calls last chose for these head dims,
-    else the default."""
+    While torch.compile traces, no cache file is read and no template rendered (neither can be traced): the
+    configuration is the one an eager call chose for this shape bucket (runtime/fuse.py runs a signature's first
+    call eagerly for this), else, when the length or batch is symbolic or no eager call came first, the one eager
+    calls last chose for these head dims, else the default."""
     if CONFIG_OVERRIDE is not None and OVERRIDE_FAMILY in (None, fam) and usable(CONFIG_OVERRIDE):
         return CONFIG_OVERRIDE
     dims = (fam, decay, read, acc, dtype, K, V, str(device))
+    static = all(isinstance(n, int) for n in (B, T, H, K, V))
     if torch.compiler.is_compiling():
-        traced = _traced.get(dims)
-        return traced if traced is not None else default(decay, K, V)
+        found = _chosen.get((*dims, shape_bucket(B, T, H, K, V))) if static else None
+        found = found if found is not None else _traced.get(dims)
+        return found if found is not None else default(decay, K, V)
     key = (*dims, shape_bucket(B, T, H, K, V))
     if key not in _chosen:
         found = lookup(entry_key(device_name(device), hash_of(decay, read, acc), dtype, shape_bucket(B, T, H, K, V)))

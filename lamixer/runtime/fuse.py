@@ -5,7 +5,7 @@ which it sees as custom ops.
 On the H200 this took deltanet from 3.83 / 13.56 to 2.10 / 6.54 ms (forward / forward+backward, B = 4, T = 8192,
 H = 16, D = 128, bf16) and lln from 7.35 / 17.74 to 3.43 / 8.80. Each call signature (shapes, dtypes, which
 arguments are given; Call.memo) and grad mode compiles once, for its static shapes: a dynamic-shape graph measured
-up to 1.9x slower (lln forward 2.35 -> 4.28 ms). Packed sequences (their lengths change from batch to batch) and
+up to 1.9x slower (lln forward 2.35 -> 4.28 ms); its first call runs unfused, the second compiles. Packed sequences (their lengths change from batch to batch) and
 calls made while a caller's torch.compile traces (Call.memo is None then) run unfused. LAMIXER_FUSE=0 turns
 fusion off.
 """
@@ -40,7 +40,10 @@ def run(fn, name: str, call: Call, *args, when: bool = True):
         # limit, per code object, so each signature's static graph lives alone
         code = fn.__code__.replace(co_name=f"{fn.__name__}_{name}")
         copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-        fused = remember(call.memo, key, torch.compile(copy, backend=BACKEND, dynamic=False))
+        remember(call.memo, key, torch.compile(copy, backend=BACKEND, dynamic=False))
+        # the first call runs unfused: it makes the host-side choices tracing cannot (kernel configurations from the
+        # tuning cache, rendered templates), which the traced calls then find made
+        return fn(call, *args)
     try:
         return fused(dataclasses.replace(call, memo=None), *args)
     except Exception as e:
