@@ -254,3 +254,29 @@ def test_tracing_reads_the_configuration_an_eager_call_chose_for_its_shape(monke
     assert traced(x, 8192).tolist() == [32.0, 32.0]
     assert traced(x, 256).tolist() == [64.0, 64.0]
     assert traced(x, 2 * 8192).tolist() == [64.0, 64.0]  # no eager call of that bucket: the last choice for these dims
+
+
+@pytest.mark.parametrize("spec", ["gated_deltanet", "gsa", os.path.join(EXAMPLES, "gated_delta_vector.lam")])
+def test_decay_gradient_assembly_fused(spec, monkeypatch):
+    """The backward ops assemble d(log decay) from the kernels' outputs with torch operations, which run under
+    torch.compile on a fusing device (runtime/fuse.py: function): the same gradients as unfused (the CPU standing in,
+    aot_eager; only that assembly fused here, the plan around the scans left unfused)."""
+    from torch._dynamo.utils import counters
+
+    m = lamixer.load(spec)
+    tensors, states = random_call(m, T=150, H=2, dtype=torch.float32, seed=5)
+    monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
+    monkeypatch.setattr(fuse, "_functions", {})
+    monkeypatch.setattr(fuse, "run", lambda fn, name, call, *args, when=True: fn(call, *args))  # the plan unfused
+    grads = {}
+    for devices in (("cpu",), ()):
+        monkeypatch.setattr(fuse, "DEVICES", devices)
+        counters.clear()
+        leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
+        o, _ = m(**leaves, initial_state=states, backend="triton")
+        o.square().sum().backward()
+        grads[devices] = {k: v.grad for k, v in leaves.items()}
+        if devices:
+            assert fuse._functions and counters["stats"]["unique_graphs"] >= 1
+    for k, g in grads[("cpu",)].items():
+        assert torch.allclose(g, grads[()][k], rtol=1e-5, atol=1e-7), k

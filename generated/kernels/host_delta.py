@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime import fuse
 from ..runtime.scan import ScanOperands
 from . import host as tb
 from .host import Config, _pow2
@@ -128,10 +129,9 @@ def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
     )  # fmt: skip
     if g is None:
         dg = q.new_empty(0)
-    else:  # the erase key sees the decay as a query after it does: its c*dc joins q*dq unshifted
-        dg = tb._decay_grad(q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay)
-        erase = tb._segment_suffix_sums(c.to(acc) * dc, cu_seqlens)
-        dg = (dg + (erase.sum(-1) if decay == "scalar" else erase)).to(g.dtype)
+    else:
+        dg = fuse.function(tb._decay_grad, q.device, q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay, g.dtype, c, dc,
+                           when=cu_seqlens is None)  # fmt: skip
     return dq.to(q.dtype), da.to(a.dtype), db, dc.to(c.dtype), dg, dh0
 
 

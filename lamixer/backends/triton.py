@@ -196,7 +196,7 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     )  # fmt: skip
     da = da.sum(0)
     # the output and b carry the decay on the value side: o * do - b * db
-    dg = _decay_grad(o, do, b, db, dgs, cu_seqlens, read, decay).to(g.dtype)
+    dg = fuse.function(_decay_grad, o.device, o, do, b, db, dgs, cu_seqlens, read, decay, g.dtype, when=cu_seqlens is None)
     return dq.to(q.dtype), da.to(a.dtype), db.to(b.dtype), dg, dh0
 
 
@@ -434,12 +434,14 @@ def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
     return torch.cat([within(x[:, s:e]) for _, s, e in _segments(cu, 1, x.shape[1])], 1)
 
 
-def _decay_grad(q, dq, a, da, dgs, cu, read, decay) -> torch.Tensor:
-    """d(log decay) of each token: within its segment of SEGMENT tokens, the suffix sum of q*dq (at the read's
-    position) - a*da, plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs
-    [N, NS, H, D]). For a value-dim decay pass (o, do, b, db) for (q, dq, a, da).
+def _decay_grad(q, dq, a, da, dgs, cu, read, decay, out_dtype, c=None, dc=None) -> torch.Tensor:
+    """d(log decay) of each token in out_dtype: within its segment of SEGMENT tokens, the suffix sum of q*dq (at the
+    read's position) - a*da (+ c*dc for an erase key, which sees the decay as a query after it does: unshifted),
+    plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs [N, NS, H, D]). For a
+    value-dim decay pass (o, do, b, db) for (q, dq, a, da).
 
-    Summing only within segments keeps the rounding of dq and da from accumulating over the sequence.
+    Summing only within segments keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
+    backward ops run this under torch.compile (runtime/fuse.py: function) for unpacked sequences.
     """
     acc = dgs.dtype
     qdq = q.to(acc) * dq.to(acc)
@@ -452,14 +454,17 @@ def _decay_grad(q, dq, a, da, dgs, cu, read, decay) -> torch.Tensor:
         shifted = torch.cat([qdq[:, 1:], torch.zeros_like(qdq[:, :1])], 1)
         keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=q.device)])
         qdq = shifted * keep.view(1, T, 1, 1)
-    x = _segment_suffix_sums(qdq - a.to(acc) * da.to(acc), cu)
+    x = qdq - a.to(acc) * da.to(acc)
+    if c is not None:
+        x = x + c.to(acc) * dc.to(acc)
+    x = _segment_suffix_sums(x, cu)
     seg = (pos // SEGMENT).view(1, T)
     if cu is None:
         x = x + dgs.gather(1, seg.expand(B, T).view(B, T, 1, 1).expand(B, T, *dgs.shape[2:]))
     else:
         seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), cu[1:] - cu[:-1])
         x = x + dgs[seq, seg[0]].unsqueeze(0)
-    return x.sum(-1, keepdim=True)[..., 0] if decay == "scalar" else x
+    return (x.sum(-1, keepdim=True)[..., 0] if decay == "scalar" else x).to(out_dtype)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -107,6 +107,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..runtime import fuse
 from ..runtime.scan import ScanOperands
 
 {_NAMESPACE}
@@ -135,6 +136,7 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
         own_doc=f"tb is host.py, as lamixer's triton backend is to its delta rule; {_DEFAULT_DOC}; {_NAMESPACE_DOC}",
         own=f'''import torch
 
+from ..runtime import fuse
 from ..runtime.scan import ScanOperands
 from . import host as tb
 from .host import Config, _pow2

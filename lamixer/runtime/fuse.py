@@ -24,6 +24,7 @@ ENABLED = os.environ.get("LAMIXER_FUSE", "1") != "0"
 DEVICES = ("cuda",)  # where it fuses (inductor's CPU code needs a C++ compiler, and a CPU gains little)
 BACKEND = "inductor"
 _failed: set[str] = set()  # names whose compilation failed: they run unfused from then on
+_functions: dict = {}  # (function, argument signature) -> its compiled copy (see function)
 
 
 def run(fn, name: str, call: Call, *args, when: bool = True):
@@ -54,3 +55,31 @@ def run(fn, name: str, call: Call, *args, when: bool = True):
         _failed.add(name)
         call.memo.pop(key, None)
         return fn(call, *args)
+
+
+def function(fn, device: torch.device, *args, when: bool = True, **kwargs):
+    """fn(*args, **kwargs) for torch work the kernels' host code does between kernels, outside any traced graph (the
+    decay gradient's assembly inside a backward op): under torch.compile on a fusing device when `when`, one static
+    compiled copy per argument signature (tensors' shapes and dtypes, other arguments' values)."""
+    name = fn.__name__
+    if not (when and ENABLED and device.type in DEVICES and name not in _failed) or torch.compiler.is_compiling():
+        return fn(*args, **kwargs)
+    key = (fn, *(_meta(a) for a in args), *sorted((k, _meta(v)) for k, v in kwargs.items()))
+    compiled = _functions.get(key)
+    if compiled is None:
+        code = fn.__code__.replace(co_name=f"{name}_{len(_functions)}")
+        copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+        compiled = remember(_functions, key, torch.compile(copy, backend=BACKEND, dynamic=False))
+    try:
+        return compiled(*args, **kwargs)
+    except Exception as e:
+        if not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            raise
+        warnings.warn(f"torch.compile could not fuse {name}, which runs unfused from now on ({type(e).__name__}: {str(e)[:200]})",
+                      stacklevel=2)  # fmt: skip
+        _failed.add(name)
+        return fn(*args, **kwargs)
+
+
+def _meta(x):
+    return (tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else x
