@@ -24,7 +24,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from lamixer.backends import triton as triton_backend  # noqa: E402
 
-CONSTEXPRS = ("H", "K", "V", "BK", "BV", "USE_QS", "USE_H0", "STORE_HT", "IS_VARLEN")
+CONSTEXPRS = ("H", "K", "V", "BK", "BV", "USE_QS", "IS_VARLEN")
 
 
 def _arg_type(name: str) -> str:
@@ -44,7 +44,7 @@ def compile_kernel(rule: str, decay: str, reads: str, K: int, BV: int, warps: in
     mod = triton_backend.kernels("recurrent", rule=rule, decay=decay, reads=reads, acc="float32")
     fn = getattr(mod, f"{mod.NAME}_kernel")
     names = fn.arg_names
-    values = dict(H=16, K=K, V=256, BK=K, BV=BV, USE_QS=True, USE_H0=True, STORE_HT=True, IS_VARLEN=False)
+    values = dict(H=16, K=K, V=256, BK=K, BV=BV, USE_QS=True, IS_VARLEN=False)
     src = ASTSource(fn=fn, signature={n: _arg_type(n) for n in names}, constexprs={(names.index(k),): v for k, v in values.items()})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
 

@@ -9,7 +9,7 @@ def recurrent_delta_scalar_after_float32_kernel(
     sq0_b, sq0_t, sq0_h, sq0_d,
     sa_b, sa_t, sa_h, sa_d, sb_b, sb_t, sb_h, sb_d, sc_b, sc_t, sc_h, sc_d, sg_b, sg_t, sg_h, sg_d,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """One program per (value block, sequence x head): the state block walks the sequence's tokens.
 
@@ -38,9 +38,7 @@ def recurrent_delta_scalar_after_float32_kernel(
     p_o = o + (i_b * T * H + i_h64) * V + o_v
     p_hkv = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
     m_kv = m_k[:, None] & m_v[None, :]
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)  # the state S[:, value block]
-    if USE_H0:
-        b_h += tl.load(h0 + p_hkv, mask=m_kv, other=0.).to(tl.float32)
+    b_h = tl.load(h0 + p_hkv, mask=m_kv, other=0.).to(tl.float32)  # the state S[:, value block]
     for t in range(bos, eos):
         b_a = tl.load(p_a + t * sa_t, mask=m_k, other=0.).to(tl.float32)  # [BK]
         b_u = tl.load(p_b + t * sb_t, mask=m_v, other=0.).to(tl.float32)  # [BV]
@@ -53,5 +51,4 @@ def recurrent_delta_scalar_after_float32_kernel(
             b_q = b_q * tl.load(qs + i_h).to(tl.float32)
         b_o = tl.sum(b_q[:, None] * b_h, axis=0)  # [BV]
         tl.store(p_o + t * H * V, b_o.to(o.dtype.element_ty), mask=m_v)
-    if STORE_HT:
-        tl.store(ht + p_hkv, b_h.to(ht.dtype.element_ty), mask=m_kv)
+    tl.store(ht + p_hkv, b_h.to(ht.dtype.element_ty), mask=m_kv)

@@ -109,7 +109,7 @@ def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor
     strides = [s for x in (*queries, a, b, c, g) for s in _strides(x)]
     kernel[(-(-V // BV), N * H)](
         *queries, qs, a, b, c, g, h0, o, ht, cu_seqlens, T, B * T * H * V, *strides,
-        H=H, K=K, V=V, BK=BK, BV=BV, USE_QS=qs is not None, USE_H0=True, STORE_HT=True, IS_VARLEN=cu_seqlens is not None,
+        H=H, K=K, V=V, BK=BK, BV=BV, USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None,
         num_warps=warps,
     )  # fmt: skip
     return o, ht
