@@ -82,12 +82,12 @@ def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: 
         hs = torch.empty(N, NS, H, K, V, dtype=h0.dtype, device=a.device)
         getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H, 1)](
             q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=c.BK, BV=_pow2(V), P=SEGMENT,
-            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, IS_VARLEN=varlen, PRECISION="ieee",
+            USE_QS=False, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, IS_VARLEN=varlen, PRECISION="ieee",
             ACC_PRECISION="ieee", **_launch(c),
         )  # fmt: skip
     getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, c.BV), N * H, NS)](
         q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=c.BV, P=SEGMENT,
-        USE_QS=qs is not None, USE_H0=True, STORE_HT=True, SPLIT=bool(c.split), IS_VARLEN=varlen, PRECISION="ieee",
+        USE_QS=qs is not None, STORE_HT=True, SPLIT=bool(c.split), IS_VARLEN=varlen, PRECISION="ieee",
         ACC_PRECISION=_acc_precision(h0.dtype), **_launch(c),
     )  # fmt: skip
     return o, ht
@@ -124,11 +124,11 @@ def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Te
     if split:  # the state pass first, then every segment in parallel
         dq_kernel[(triton_cdiv(K, c.BK), N * H, 1)](
             q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
-            USE_QS=False, USE_H0=True, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, **common,
+            USE_QS=False, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, **common,
         )  # fmt: skip
     dq_kernel[(triton_cdiv(K, c.BK), N * H, NS if split else 1)](
         q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
-        USE_QS=qs is not None, USE_H0=True, COMPUTE_DQ=True, STORE_HS=not split, SPLIT=split, **common,
+        USE_QS=qs is not None, COMPUTE_DQ=True, STORE_HS=not split, SPLIT=split, **common,
     )  # fmt: skip
     BV = c.BV
     NV = triton_cdiv(V, BV)

@@ -63,7 +63,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BV), N * H)](
-        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=_pow2(K), USE_H0=True, STORE_HT=store_ht, ACC_PRECISION=acc_precision, **shapes,
+        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=_pow2(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision, **shapes,
     )  # fmt: skip
     return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 

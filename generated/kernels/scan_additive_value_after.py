@@ -20,7 +20,7 @@ import triton.language as tl
 def scan_additive_value_after_float32_fwd_kernel(
     q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, P: tl.constexpr,
-    USE_QS: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_QS: tl.constexpr, STORE_HT: tl.constexpr, SPLIT: tl.constexpr, IS_VARLEN: tl.constexpr,
     PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """o = q^T S per token and the final state.
@@ -52,12 +52,11 @@ def scan_additive_value_after_float32_fwd_kernel(
         if i_s > 0:
             p_hs = hs + ((i_n.to(tl.int64) * NS + i_s - 1) * H + i_h) * K * V
             b_h += tl.load(p_hs + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.).to(tl.float32)
-        elif USE_H0:
+        else:
             b_h += tl.load(h0 + p_hkv, mask=m_k[:, None] & m_v[None, :], other=0.).to(tl.float32)
     else:
         t_first, t_stop = 0, tl.cdiv(L, BT)
-        if USE_H0:
-            b_h += tl.load(h0 + p_hkv, mask=m_k[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_h += tl.load(h0 + p_hkv, mask=m_k[:, None] & m_v[None, :], other=0.).to(tl.float32)
     for i_t in range(t_first, t_stop):
         t = bos + i_t * BT + o_t  # [BT] token rows, int64
         m_t = i_t * BT + o_t < L
@@ -84,7 +83,7 @@ def scan_additive_value_after_float32_fwd_kernel(
 def scan_additive_value_after_float32_bwd_kernel_dq(
     q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, P: tl.constexpr,
-    USE_QS: tl.constexpr, USE_H0: tl.constexpr, COMPUTE_DQ: tl.constexpr, STORE_HS: tl.constexpr, SPLIT: tl.constexpr,
+    USE_QS: tl.constexpr, COMPUTE_DQ: tl.constexpr, STORE_HS: tl.constexpr, SPLIT: tl.constexpr,
     IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """dq_i = S_read(i) do_i, recomputing the state; one program per (key block, sequence x head), BV >= V.
@@ -116,12 +115,11 @@ def scan_additive_value_after_float32_bwd_kernel_dq(
         if i_s > 0:
             p_hs = hs + ((i_n.to(tl.int64) * NS + i_s - 1) * H + i_h) * K * V
             b_h += tl.load(p_hs + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-        elif USE_H0:
+        else:
             b_h += tl.load(p_h0, mask=m_k[:, None] & m_v[None, :], other=0.)
     else:
         t_first, t_stop = 0, tl.cdiv(L, BT)
-        if USE_H0:
-            b_h += tl.load(p_h0, mask=m_k[:, None] & m_v[None, :], other=0.)
+        b_h += tl.load(p_h0, mask=m_k[:, None] & m_v[None, :], other=0.)
     for i_t in range(t_first, t_stop):
         t = bos + i_t * BT + o_t
         m_t = i_t * BT + o_t < L
