@@ -5,9 +5,9 @@ which it sees as custom ops.
 On the H200 this took deltanet from 3.83 / 13.56 to 2.10 / 6.54 ms (forward / forward+backward, B = 4, T = 8192,
 H = 16, D = 128, bf16) and lln from 7.35 / 17.74 to 3.43 / 8.80. Each call signature (shapes, dtypes, which
 arguments are given; Call.memo) and grad mode compiles once, for its static shapes: a dynamic-shape graph measured
-up to 1.9x slower (lln forward 2.35 -> 4.28 ms); its first call runs unfused, the second compiles. Packed sequences (their lengths change from batch to batch) and
-calls made while a caller's torch.compile traces (Call.memo is None then) run unfused. LAMIXER_FUSE=0 turns
-fusion off.
+up to 1.9x slower (lln forward 2.35 -> 4.28 ms); a signature's first call runs unfused, the second compiles.
+Packed sequences (their lengths change from batch to batch) and calls made while a caller's torch.compile traces
+(Call.memo is None then) run unfused. LAMIXER_FUSE=0 turns fusion off.
 """
 from __future__ import annotations
 
@@ -37,24 +37,11 @@ def run(fn, name: str, call: Call, *args, when: bool = True):
     key = ("fused", name, torch.is_grad_enabled())
     fused = call.memo.get(key)
     if fused is None:
-        # a copy of fn's code per signature: dynamo keeps compiled graphs, and counts recompilations against its
-        # limit, per code object, so each signature's static graph lives alone
-        code = fn.__code__.replace(co_name=f"{fn.__name__}_{name}")
-        copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-        remember(call.memo, key, torch.compile(copy, backend=BACKEND, dynamic=False))
+        remember(call.memo, key, _compiled_copy(fn, name))
         # the first call runs unfused: it makes the host-side choices tracing cannot (kernel configurations from the
         # tuning cache, rendered templates), which the traced calls then find made
         return fn(call, *args)
-    try:
-        return fused(dataclasses.replace(call, memo=None), *args)
-    except Exception as e:
-        if not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
-            raise
-        warnings.warn(f"torch.compile could not fuse {name}'s per-token work, which runs unfused from now on "
-                      f"({type(e).__name__}: {str(e)[:200]})", stacklevel=3)  # fmt: skip
-        _failed.add(name)
-        call.memo.pop(key, None)
-        return fn(call, *args)
+    return _run_or_fall_back(name, lambda: fused(dataclasses.replace(call, memo=None), *args), lambda: fn(call, *args))
 
 
 def function(fn, device: torch.device, *args, when: bool = True, **kwargs):
@@ -67,18 +54,29 @@ def function(fn, device: torch.device, *args, when: bool = True, **kwargs):
     key = (fn, *(_meta(a) for a in args), *sorted((k, _meta(v)) for k, v in kwargs.items()))
     compiled = _functions.get(key)
     if compiled is None:
-        code = fn.__code__.replace(co_name=f"{name}_{len(_functions)}")
-        copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-        compiled = remember(_functions, key, torch.compile(copy, backend=BACKEND, dynamic=False))
+        compiled = remember(_functions, key, _compiled_copy(fn, str(len(_functions))))
+    return _run_or_fall_back(name, lambda: compiled(*args, **kwargs), lambda: fn(*args, **kwargs))
+
+
+def _compiled_copy(fn, suffix: str):
+    """torch.compile (static shapes) of a copy of fn's code: dynamo keeps compiled graphs, and counts recompilations
+    against its limit, per code object, so each copy's graph lives alone."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{suffix}")
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    return torch.compile(copy, backend=BACKEND, dynamic=False)
+
+
+def _run_or_fall_back(name: str, fused, unfused):
+    """fused(); should torch.compile fail, a warning, and unfused() now and for `name` from then on."""
     try:
-        return compiled(*args, **kwargs)
+        return fused()
     except Exception as e:
         if not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
             raise
         warnings.warn(f"torch.compile could not fuse {name}, which runs unfused from now on ({type(e).__name__}: {str(e)[:200]})",
-                      stacklevel=2)  # fmt: skip
+                      stacklevel=3)  # fmt: skip
         _failed.add(name)
-        return fn(*args, **kwargs)
+        return unfused()
 
 
 def _meta(x):
