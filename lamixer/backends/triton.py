@@ -522,14 +522,14 @@ def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, defa
     if CONFIG_OVERRIDE is not None and OVERRIDE_FAMILY in (None, fam) and usable(CONFIG_OVERRIDE):
         return CONFIG_OVERRIDE
     dims = (fam, decay, read, acc, dtype, K, V, str(device))
-    static = all(isinstance(n, int) for n in (B, T, H, K, V))
+    bucket = shape_bucket(B, T, H, K, V) if all(isinstance(n, int) for n in (B, T, H, K, V)) else None  # None: symbolic
     if torch.compiler.is_compiling():
-        found = _chosen.get((*dims, shape_bucket(B, T, H, K, V))) if static else None
+        found = _chosen.get((*dims, bucket)) if bucket is not None else None
         found = found if found is not None else _traced.get(dims)
         return found if found is not None else default(decay, K, V)
-    key = (*dims, shape_bucket(B, T, H, K, V))
+    key = (*dims, bucket)
     if key not in _chosen:
-        found = lookup(entry_key(device_name(device), hash_of(decay, read, acc), dtype, shape_bucket(B, T, H, K, V)))
+        found = lookup(entry_key(device_name(device), hash_of(decay, read, acc), dtype, bucket))
         _chosen[key] = found if found is not None and usable(found) else default(decay, K, V)
     _traced[dims] = _chosen[key]
     return _chosen[key]
