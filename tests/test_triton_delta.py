@@ -140,3 +140,28 @@ def test_half_precision_errors_stay_at_the_formats_level(name):
     c = compare(m, "triton", tensors, tuple(s.float() for s in states), seed=5)
     bad = {k: f"{v:.2e}" for k, v in c.errors.items() if not v < 2e-3}
     assert not bad, bad
+
+
+def test_the_forward_keeps_each_chunks_inverse_for_the_backward():
+    """delta_scan's third output is T = (I - M)^-1 per chunk (M_ij = c_i . a_j exp(B_i - B_j), i > j, within a chunk
+    of 16, the last one short); the backward reads it instead of solving again: a wrong T changes its gradients."""
+    torch.manual_seed(0)
+    B, T, H, K, BT = 1, 40, 2, 8, 16
+    q, a, b, c = (torch.randn(B, T, H, K, dtype=torch.float64) * 0.5 for _ in range(4))
+    g = -torch.rand(B, T, H, dtype=torch.float64)
+    h0 = torch.zeros(B, H, K, K, dtype=torch.float64)
+    cfg = Config(BT, 16, 16, 4, 1).as_list()
+    o, ht, tm = triton_delta.delta_scan(q, None, a, b, c, g, h0, None, "scalar", "after", cfg)
+    for start in range(0, T, BT):
+        rows = slice(start, min(start + BT, T))
+        n = rows.stop - start
+        Bc = g[0, rows].cumsum(0)  # [n, H]
+        for h in range(H):
+            M = (c[0, rows, h] @ a[0, rows, h].T) * torch.exp(Bc[:, h, None] - Bc[None, :, h])
+            Tm = tm[0, rows, h, :n]
+            assert torch.allclose(Tm @ (torch.eye(n, dtype=M.dtype) - M.tril(-1)), torch.eye(n, dtype=M.dtype), atol=1e-12)
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    grads = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, ht, tm, do, dht, "scalar", "after", cfg)
+    wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, ht, tm * 0.5, do, dht, "scalar", "after", cfg)
+    assert all(torch.isfinite(x).all() for x in grads)
+    assert not torch.allclose(grads[1], wrong[1])

@@ -8,9 +8,10 @@ import triton.language as tl
 def scan_delta_none_after_float32_prepare_kernel(
     a, c, b, g, tm, w, u0, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    SOLVE: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
-    """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT], W = T (c e^B) into w [B, T, H, K], U0 = T b into u0 [B, T, H, V].
+    """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT] (SOLVE; else read from tm, as the forward left it),
+    W = T (c e^B) into w [B, T, H, K], U0 = T b into u0 [B, T, H, V].
 
     One program per (chunk, sequence x head); key blocks of BK and value blocks of BV in loops.
     """
@@ -32,43 +33,46 @@ def scan_delta_none_after_float32_prepare_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    m_s = o_t[:, None] > o_t[None, :]
-    b_M = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
-        b_M += b_Mk
-    # T = (I - M)^-1. First D^-1 (D = I - M on the 16-token diagonal blocks) by forward substitution in each
-    # [16, 16] block, T_r = e_r + sum_{j < r} M_rj T_j: the blocks pass through tm (this program's own rows) so each
-    # is a tile of its own. With N = M off them, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly
-    # block-lower, so X^4 = 0 for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X).
-    m_d = (o_t // 16)[:, None] == (o_t // 16)[None, :]
     p_tm = tm + (t[:, None] * H + i_h) * BT + o_t[None, :]
-    tl.store(p_tm, tl.where(m_d, b_M, 0.).to(tm.dtype.element_ty), mask=m_t[:, None])
-    tl.debug_barrier()
-    o_c = tl.arange(0, 16)
-    for i_b in tl.static_range(BT // 16):
-        m_c = i_t * BT + i_b * 16 + o_c < L
-        p_blk = tm + ((bos + i_t * BT + i_b * 16 + o_c)[:, None] * H + i_h) * BT + (i_b * 16 + o_c)[None, :]
-        b_Mb = tl.load(p_blk, mask=m_c[:, None], other=0.)  # [16, 16], strictly lower
-        b_Tb = tl.where(o_c[:, None] == o_c[None, :], 1., 0.).to(tl.float32)
-        for r in range(1, 16):
-            m_r = o_c == r
-            b_m = tl.sum(tl.where(m_r[:, None], b_Mb, 0.), axis=0)  # [16]: row r of M
-            b_Tb += tl.where(m_r[:, None], tl.sum(b_m[:, None] * b_Tb, axis=0)[None, :], 0.)
-        tl.store(p_blk, b_Tb.to(tm.dtype.element_ty), mask=m_c[:, None])
-    tl.debug_barrier()
-    b_T = tl.load(p_tm, mask=m_t[:, None] & m_d, other=0.)  # D^-1 [BT, BT]
-    if BT > 16:
-        b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=ACC_PRECISION)
-        b_T += tl.dot(b_X, b_T, input_precision=ACC_PRECISION)
-        if BT > 32:
-            b_X = tl.dot(b_X, b_X, input_precision=ACC_PRECISION)
+    if SOLVE:
+        m_s = o_t[:, None] > o_t[None, :]
+        b_M = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
+            b_M += b_Mk
+        # T = (I - M)^-1. First D^-1 (D = I - M on the 16-token diagonal blocks) by forward substitution, all BT / 16
+        # blocks at once as a [BT / 16, 16, 16] tile: row r of each is T_r = e_r + sum_{j < r} M_rj T_j, the rows of M
+        # read back from tm (this program's own rows; the loop is unrolled, so the loads need not wait for the sums).
+        # With N = M off the blocks, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly block-lower, so X^4 = 0
+        # for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X).
+        m_d = (o_t // 16)[:, None] == (o_t // 16)[None, :]
+        tl.store(p_tm, tl.where(m_d, b_M, 0.).to(tm.dtype.element_ty), mask=m_t[:, None])
+        tl.debug_barrier()
+        o_c = tl.arange(0, 16)
+        o_b = tl.arange(0, BT // 16) * 16  # [BT / 16] the blocks' first rows
+        b_Tb = tl.zeros([BT // 16, 16, 16], dtype=tl.float32) + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)[None, :, :]
+        for r in tl.static_range(1, 16):
+            p_r = tm + ((bos + i_t * BT + o_b + r) * H + i_h)[:, None] * BT + (o_b[:, None] + o_c[None, :])
+            b_m = tl.load(p_r, mask=(i_t * BT + o_b + r < L)[:, None], other=0.)  # [BT / 16, 16]: row r of each block
+            b_Tb += tl.where((o_c == r)[None, :, None], tl.sum(b_m[:, :, None] * b_Tb, axis=1)[:, None, :], 0.)
+        tl.debug_barrier()
+        p_blk = tm + ((bos + i_t * BT + o_b[:, None, None] + o_c[None, :, None]) * H + i_h) * BT + (o_b[:, None, None] + o_c[None, None, :])
+        tl.store(p_blk, b_Tb.to(tm.dtype.element_ty), mask=(i_t * BT + o_b[:, None, None] + o_c[None, :, None]) < L)
+        tl.debug_barrier()
+        b_T = tl.load(p_tm, mask=m_t[:, None] & m_d, other=0.)  # D^-1 [BT, BT]
+        if BT > 16:
+            b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=ACC_PRECISION)
             b_T += tl.dot(b_X, b_T, input_precision=ACC_PRECISION)
-    tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
+            if BT > 32:
+                b_X = tl.dot(b_X, b_X, input_precision=ACC_PRECISION)
+                b_T += tl.dot(b_X, b_T, input_precision=ACC_PRECISION)
+        tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
+    else:
+        b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K

@@ -64,8 +64,10 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
                             usable=lambda c: c.BT in CHUNKS)  # fmt: skip
 
 
-def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str):
-    """The prepare kernel and the state pass: (T, W, U, states at chunk starts, final state, chunk layout)."""
+def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str, tm: torch.Tensor | None = None):
+    """The prepare kernel and the state pass: (T, W, U, states at chunk starts, final state, chunk layout).
+
+    tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's), else solved."""
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
@@ -76,12 +78,14 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     chunks, indices, offsets = tb._chunks(cu, B, T, BT)
     grid_chunks = (tb.triton_cdiv(T, BT), N * H) if not varlen else (chunks, H)
     work = a.dtype if g is None else acc  # the template's `lowp`: intermediates in the inputs' dtype without a decay
-    tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
+    solve = tm is None
+    if solve:
+        tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
     w = torch.empty(B, T, H, K, dtype=work, device=a.device)
     u = torch.empty(B, T, H, V, dtype=work, device=a.device)
     shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **tb._launch(c_cfg))
     getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
-        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, PRECISION="ieee", ACC_PRECISION=acc_precision, **shapes,
+        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, SOLVE=solve, PRECISION="ieee", ACC_PRECISION=acc_precision, **shapes,
     )  # fmt: skip
     h = torch.empty(chunks, H, K, V, dtype=work, device=a.device)
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
@@ -94,39 +98,40 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
 
 @torch.library.custom_op("lamixer::delta_scan", mutates_args=())
 def delta_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-               h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state).
+               h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
+    the chunks' T = (I - M)^-1 [B, T, H, BT], kept for the backward so that it does not solve again).
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = tb.kernels(FAMILY, decay=decay, read=read, acc=tb._ACC[h0.dtype])
     cfg = Config.from_list(cfg)
-    _, _, u, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, True, tb._acc_precision(h0.dtype))
+    tm, _, u, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, True, tb._acc_precision(h0.dtype))
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, shapes["BV"]), *grid_chunks)](
         q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **shapes,
     )  # fmt: skip
-    return o, ht
+    return o, ht, tm
 
 
 @delta_scan.register_fake
 def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
+    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), h0.new_empty(B, T, H, Config.from_list(cfg).BT)
 
 
 @torch.library.custom_op("lamixer::delta_scan_backward", mutates_args=())
 def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-                        h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
+                        h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
                         decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
     mod = tb.kernels(FAMILY, decay=decay, read=read, acc=tb._ACC[h0.dtype])
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = tb._acc_precision(acc)
-    tm, w, u, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, False, precision)
+    _, w, u, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, False, precision, tm)
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -160,20 +165,20 @@ def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
 
 
 @delta_scan_backward.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, ht, do, dht, decay, read, cfg):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, decay, read, cfg):
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
     q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg = inputs
-    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[1])
+    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[1], output[2])
     ctx.config = (decay, read, cfg)
 
 
-def _backward(ctx, do, dht):
-    q, qs, a, b, c, g, h0, cu_seqlens, ht = ctx.saved_tensors
-    dq, da, db, dc, dg, dh0 = delta_scan_backward(q, qs, a, b, c, g, h0, cu_seqlens, ht, do, dht, *ctx.config)
+def _backward(ctx, do, dht, _dtm):
+    q, qs, a, b, c, g, h0, cu_seqlens, ht, tm = ctx.saved_tensors
+    dq, da, db, dc, dg, dh0 = delta_scan_backward(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, *ctx.config)
     return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None
 
 
@@ -198,5 +203,5 @@ def triton_delta_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch
     read = tb._read_mode(decayed, written)
     B, T, H, K = a.shape
     config = scan_config(decay, read, tb._ACC[acc], dtype, B, T, H, K, b.shape[3], a.device)
-    o, ht = delta_scan(q, qs, a, b, c, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+    o, ht, _ = delta_scan(q, qs, a, b, c, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     return [o], ht
