@@ -149,19 +149,25 @@ def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
         q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, offsets, T, NS, N * NS * H * K,
         P=tb.SEGMENT, USE_DHT=True, **dict(common, BK=_pow2(K)),
     )  # fmt: skip
-    dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from dq, da, dc
-    da = torch.empty(*a.shape, dtype=acc, device=a.device)
-    dc = torch.empty(*c.shape, dtype=acc, device=c.device)
+    grad = acc if g is not None else q.dtype  # kept precise under a decay: d(log decay) is built from dq, da, dc
+    dq = torch.empty(*q.shape, dtype=grad, device=q.device)
+    da = torch.empty(*a.shape, dtype=grad, device=a.device)
+    dc = torch.empty(*c.shape, dtype=grad, device=c.device)
     db = torch.empty_like(b)
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(tb.triton_cdiv(K, shapes["BK"]), *grid_chunks)](
         q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, cu_seqlens, indices, T, **common,
     )  # fmt: skip
     if g is None:
-        dg = q.new_empty(0)
-    else:
-        dg = fuse.function(tb._decay_grad, q.device, q, dq, a, da, dgs.sum(0), cu_seqlens, read, decay, g.dtype, c, dc,
-                           when=cu_seqlens is None)  # fmt: skip
-    return dq.to(q.dtype), da.to(a.dtype), db, dc.to(c.dtype), dg, dh0
+        return dq, da, db, dc, q.new_empty(0), dh0
+    dq, da, dc, dg = fuse.function(_key_grads, q.device, q, dq, a, da, c, dc, dgs.sum(0), cu_seqlens, read, decay, g.dtype,
+                                   when=cu_seqlens is None)  # fmt: skip
+    return dq, da, db, dc, dg, dh0
+
+
+def _key_grads(q, dq, a, da, c, dc, dgs, cu, read, decay, g_dtype):
+    """dq, da, dc in their inputs' dtypes and d(log decay) from them (one pass over the float32 gradients when fused)."""
+    dg = tb._decay_grad(q, dq, a, da, dgs, cu, read, decay, g_dtype, c, dc)
+    return dq.to(q.dtype), da.to(a.dtype), dc.to(c.dtype), dg
 
 
 @delta_scan_backward.register_fake
