@@ -165,3 +165,9 @@ def test_the_forward_keeps_each_chunks_inverse_for_the_backward():
     wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, ht, tm * 0.5, do, dht, "scalar", "after", cfg)
     assert all(torch.isfinite(x).all() for x in grads)
     assert not torch.allclose(grads[1], wrong[1])
+
+
+@pytest.mark.parametrize("name", DELTA, ids=os.path.basename)
+def test_wide_heads_take_several_state_blocks(name):
+    """K = 130: the state pass holds three key blocks of 64 rows (the last one masked), every decay kind."""
+    _check(lamixer.load(name), f"{name} K=130", T=70, gate="strong", seed=7, B=1, size=130)

@@ -22,6 +22,18 @@ KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "
 CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
 
 
+def state_key_block(K: int) -> int:
+    """The forward state pass's key block: the state as at most four [BK, BV] blocks (K <= 256)."""
+    return min(64, _pow2(K))
+
+
+def state_stages(low_precision: bool) -> int:
+    """The forward state pass's pipeline stages, whatever the configuration's: its block-pointer loads need them (H200,
+    bf16 intermediates, K = V = 128, 64-wide value blocks, 4 warps: 216 us at 3 stages, 313 at 2, 632 at 1;
+    bench/state_probe.py). Float32 intermediates (under a decay) take 2: their tiles are twice the size in shared memory."""
+    return 3 if low_precision else 2
+
+
 def template_config(scan) -> tuple[str, str]:
     """The (decay, read) a classified delta-rule scan renders scan_delta with (a constant decay runs as a scalar one)."""
     return scan.kernel_decay, tb._read_mode(scan.reads[0].decayed, scan.reads[0].written)
@@ -36,7 +48,7 @@ def default_config(decay: str, K: int, V: int) -> Config:
     K = V = 128, bf16): fewer register spills (32-token chunks, 8 warps, 16- or 32-wide value blocks, the least
     spilling by ptxas) were slower there: gated_deltanet 13.2 / 47.3 ms against 6.1 / 28.7 forward / +backward,
     the output kernel recomputing its scores once per value block. A per-key decay holds [BT, BT, BK] weights:
-    16-token chunks. BK is the key block of the per-chunk kernels; the sequential passes hold K whole, so wider
+    16-token chunks. BK is the key block of the per-chunk kernels; the backward's sequential pass holds K whole, so wider
     keys take narrower value blocks."""
     BV = min(64 if K <= 128 else 32, _pow2(V))
     if decay == "key":
@@ -72,7 +84,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
     BT, BV = c_cfg.BT, min(c_cfg.BV, _pow2(V))
-    BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the sequential ones hold K whole)
+    BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the state pass takes state_key_block)
     acc = h0.dtype
     varlen = cu is not None
     chunks, indices, offsets = tb._chunks(cu, B, T, BT)
@@ -91,7 +103,8 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BV), N * H)](
-        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=_pow2(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision, **shapes,
+        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
+        **dict(shapes, num_stages=state_stages(g is None)),
     )  # fmt: skip
     return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
