@@ -1,4 +1,4 @@
-"""An experiment on the delta rule's sequential state pass (no decay, bf16): the generated kernel against variants
+"""An experiment on the sequential state passes (no decay, bf16). The delta rule's: the generated kernel against variants
 written with block pointers and the key dim held as two 64-row halves (state_halves), each change alone
 (state_block_pointers, state_halves_offsets), over value blocks, warps and stages.
 
@@ -7,7 +7,8 @@ written with block pointers and the key dim held as two 64-row halves (state_hal
 The generated kernel now has state_halves' form (block pointers, 64-row key blocks); state_probe_s4.json in
 bench/results/h200_2026-11-29 timed the template before it (per-element offsets, K whole). Each computes, per
 (value block, sequence x head), the state entering every chunk (h) and U = U0 + W S0 (u); the results are
-compared with the generated kernel's at its default launch. Times in microseconds (triton do_bench, median).
+compared with the generated kernel's at its default launch. Then chunk_additive's state walk (linear_attn's),
+generated against additive_halves, the same form. Times in microseconds (triton do_bench, median).
 Writes $OUT (or bench/results)/state_probe.json. Under TRITON_INTERPRET=1 it only checks, at a small shape.
 """
 from __future__ import annotations
@@ -124,6 +125,37 @@ def state_halves_offsets(a, w, u0, h0, h, u, ht, T, H: tl.constexpr, K: tl.const
     tl.store(ht + i_nh.to(tl.int64) * K * V + 64 * V + s_kv, b_h2, mask=m_v[None, :])
 
 
+@triton.jit(do_not_specialize=["T"])
+def additive_halves(a, b, h0, hs, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """chunk_additive's state walk without a decay (S <- S + a^T b per chunk) in state_halves' form."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    NT = tl.cdiv(T, BT)
+    row0 = i_n.to(tl.int64) * T * H + i_h
+    a += row0 * K
+    b += row0 * V
+    hs += (i_n.to(tl.int64) * NT * H + i_h) * K * V
+    p = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (64, BV), (1, 0))
+    b_h1 = tl.load(p, boundary_check=(0, 1)).to(tl.float32)
+    p = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (64, i_v * BV), (64, BV), (1, 0))
+    b_h2 = tl.load(p, boundary_check=(0, 1)).to(tl.float32)
+    for i_t in range(NT):
+        p1 = tl.make_block_ptr(hs + i_t * H * K * V, (K, V), (V, 1), (0, i_v * BV), (64, BV), (1, 0))
+        p2 = tl.make_block_ptr(hs + i_t * H * K * V, (K, V), (V, 1), (64, i_v * BV), (64, BV), (1, 0))
+        tl.store(p1, b_h1.to(hs.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p2, b_h2.to(hs.dtype.element_ty), boundary_check=(0, 1))
+        p_b = tl.make_block_ptr(b, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        b_b = tl.load(p_b, boundary_check=(0, 1), padding_option="zero")
+        p_a1 = tl.make_block_ptr(a, (K, T), (1, H * K), (0, i_t * BT), (64, BT), (0, 1))
+        p_a2 = tl.make_block_ptr(a, (K, T), (1, H * K), (64, i_t * BT), (64, BT), (0, 1))
+        b_h1 += tl.dot(tl.load(p_a1, boundary_check=(0, 1), padding_option="zero"), b_b)
+        b_h2 += tl.dot(tl.load(p_a2, boundary_check=(0, 1), padding_option="zero"), b_b)
+    p = tl.make_block_ptr(ht + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (64, BV), (1, 0))
+    tl.store(p, b_h1, boundary_check=(0, 1))
+    p = tl.make_block_ptr(ht + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (64, i_v * BV), (64, BV), (1, 0))
+    tl.store(p, b_h2, boundary_check=(0, 1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, default=8192)
@@ -168,6 +200,36 @@ def main():
                         us = None if interpret else round(1e3 * triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), 1)
                         row = dict(kind=kind, BV=BV, warps=warps, stages=stages, rel_err=err, us=us)
                     except Exception as e:  # a configuration that does not compile is a result too
+                        row = dict(kind=kind, BV=BV, warps=warps, stages=stages, error=f"{type(e).__name__}: {str(e)[:200]}")
+                    print(row, flush=True)
+                    rows.append(row)
+    # chunk_additive's state walk (linear_attn's: no decay): the generated kernel against additive_halves
+    add = tb.kernels("chunk_additive", decay="none", read="after", acc="float32")
+    walk = getattr(add, f"{add.NAME}_state_fwd")
+
+    def run_additive(kind, BV, warps, stages):
+        hs = torch.empty(B * NT, H, K, V, device=dev, dtype=dt)
+        ht = torch.empty(B, H, K, V, device=dev, dtype=torch.float32)
+        grid = (triton.cdiv(V, BV), B * H)
+        if kind == "additive_generated":
+            fn = lambda: walk[grid](a, u0, None, h0, hs, ht, None, offsets, T, H=H, K=K, V=V, BT=BT, BK=K, BV=BV, STORE_HT=True,  # noqa: E731
+                                    IS_VARLEN=False, PRECISION="ieee", num_warps=warps, num_stages=stages)  # fmt: skip
+        else:
+            fn = lambda: additive_halves[grid](a, u0, h0, hs, ht, T, H=H, K=K, V=V, BT=BT, BV=BV, num_warps=warps, num_stages=stages)  # noqa: E731
+        fn()
+        return fn, (hs, ht)
+
+    _, ref = run_additive("additive_generated", 32, 4, 2)  # the default configuration's walk
+    for kind in ("additive_generated", "additive_halves"):
+        for BV in (32, 64):
+            for warps in ((4,) if interpret else (2, 4)):
+                for stages in ((1,) if interpret else (1, 2, 3)):
+                    try:
+                        fn, got = run_additive(kind, BV, warps, stages)
+                        err = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(got, ref))
+                        us = None if interpret else round(1e3 * triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), 1)
+                        row = dict(kind=kind, BV=BV, warps=warps, stages=stages, rel_err=err, us=us)
+                    except Exception as e:
                         row = dict(kind=kind, BV=BV, warps=warps, stages=stages, error=f"{type(e).__name__}: {str(e)[:200]}")
                     print(row, flush=True)
                     rows.append(row)
