@@ -47,12 +47,7 @@ def _bind(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_state, c
 
 
 def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
-    g = compiled.graph
-    if g.scale_default is None:
-        if not g.states:  # then the spec does not use scale (the compiler requires a default otherwise)
-            return 1.0
-        first_state = next(iter(g.states.values()))
-        return sizes[first_state.dims[0]] ** -0.5
+    """The graph's default-scale expression (the spec's `default scale`, else the language's rule) at these sizes."""
     values: dict[int, torch.Tensor] = {}
     nodes = compiled.plan.nodes
     for n in compiled.plan.scale_order:
@@ -63,4 +58,4 @@ def _default_scale(compiled: Compiled, sizes: dict[str, int]) -> float:
             values[n] = torch.tensor(float(sizes[d["name"]]), dtype=torch.float64)
         else:
             values[n] = ops.apply(d, [values[a] for a in d["args"]], [() for _ in d["args"]])
-    return float(values[g.scale_default])
+    return float(values[compiled.graph.scale_default])

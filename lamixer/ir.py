@@ -67,7 +67,7 @@ class Graph:
     state_out: dict[str, int] = field(default_factory=dict)
     output: int | None = None
     output_name: str = "o"
-    scale_default: int | None = None  # a node of constants and dims, or None for K ** -0.5
+    scale_default: int | None = None  # a node of constants and dims (lowering sets the language rule, K ** -0.5, when the spec gives none)
     uses_scale: bool = False
     source: str = ""
     filename: str = "<spec>"

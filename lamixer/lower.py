@@ -204,6 +204,13 @@ class _Lowerer:
         if self.scale_seen is not None and g.scale_default is None and not g.states:
             raise self.err("`scale` has no default: it is K ** -0.5 for the first state's K, and there is no state; "
                            "add `default scale = ...`", self.scale_seen)  # fmt: skip
+        if g.scale_default is None:  # the language's rule, as an expression like any spec's `default scale = ...`
+            if g.states:
+                first = next(iter(g.states.values()))
+                d = self.add("dim", (), (), first.loc, name=first.dims[0])
+                g.scale_default = self.add("binary", (d, self.add("const", (), (), first.loc, value=-0.5)), (), first.loc, fn="pow")
+            else:  # then nothing reads scale
+                g.scale_default = self.add("const", (), (), self.spec.loc, value=1.0)
         for name, info in g.states.items():
             if name not in self.assigned:
                 raise self.err(f"state '{name}' is never updated", info.loc)

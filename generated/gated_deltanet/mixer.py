@@ -6,6 +6,8 @@ is its kernel plan written out: the per-token work one line per node, each scan 
 """
 from __future__ import annotations
 
+import torch
+
 from ..runtime import fuse, ops
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
@@ -33,7 +35,7 @@ def gated_deltanet(q, k, v, g, beta, *, scale=None, initial_state=None, output_f
 
     q, k [B, T, H, K]; v [B, T, H, V]; g, beta [B, T, H] -> o [B, T, H, V]
     initial_state, final_state: S [N, H, K, V]; N is B, or the number of packed sequences
-    scale: a number (default K ** -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
+    scale: a number (default K ^ -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
     backend: "auto" (the Triton kernels on CUDA when they can run the call, else torch), "torch" or "triton"
     Returns o in the first input's dtype and, with output_final_state=True, the final state(s) in float32
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
@@ -52,8 +54,9 @@ def gated_deltanet(q, k, v, g, beta, *, scale=None, initial_state=None, output_f
 
 
 def default_scale(sizes):
-    """The scale when the call gives none: K ** -0.5, for the call's dim sizes."""
-    return sizes["K"] ** -0.5
+    """The scale when the call gives none: K ^ -0.5, for the call's dim sizes."""
+    t21 = torch.tensor(sizes["K"], dtype=torch.float64) ** torch.tensor((-0.5), dtype=torch.float64)
+    return float(t21)
 
 
 def forward(call, scan):
@@ -70,13 +73,13 @@ def forward(call, scan):
     kn = ops.normalize("l2norm", k)  # [B, T, H, K]
     t10 = beta[..., None] * kn  # [B, T, H, K]
     t16 = scale * qn  # [B, T, H, K]
-    t21 = 0.0 - kn  # [B, T, H, K]
+    t24 = 0.0 - kn  # [B, T, H, K]
     # scan S: delta write, scalar decay, chunk 64
     [[o]], [S] = scan_group(
         scan, (B, T, H),
         key=t10,
         values=[v],
-        erase=t21,
+        erase=t24,
         log_decay=g,
         side="key",
         reads=[(t16, True, True)],  # (scale * qn) @ S after update

@@ -6,6 +6,8 @@ is its kernel plan written out: the per-token work one line per node, each scan 
 """
 from __future__ import annotations
 
+import torch
+
 from ..runtime import fuse, ops
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
@@ -34,7 +36,7 @@ def gsa(q, k, v, s, g, *, scale=None, initial_state=None, output_final_state=Fal
 
     q, k [B, T, H, K]; v [B, T, H, V]; s, g [B, T, H, M] -> o [B, T, H, V]
     initial_state, final_state: Kt [N, H, K, M], Vt [N, H, M, V] (a tuple, in this order); N is B, or the number of packed sequences
-    scale: a number (default K ** -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
+    scale: a number (default K ^ -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
     backend: "auto" (the Triton kernels on CUDA when they can run the call, else torch), "torch" or "triton"
     Returns o in the first input's dtype and, with output_final_state=True, the final state(s) in float32
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
@@ -53,8 +55,9 @@ def gsa(q, k, v, s, g, *, scale=None, initial_state=None, output_final_state=Fal
 
 
 def default_scale(sizes):
-    """The scale when the call gives none: K ** -0.5, for the call's dim sizes."""
-    return sizes["K"] ** -0.5
+    """The scale when the call gives none: K ^ -0.5, for the call's dim sizes."""
+    t23 = torch.tensor(sizes["K"], dtype=torch.float64) ** torch.tensor((-0.5), dtype=torch.float64)
+    return float(t23)
 
 
 def forward(call, scan):

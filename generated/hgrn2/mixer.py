@@ -33,7 +33,7 @@ def hgrn2(q, g, v, *, scale=None, initial_state=None, output_final_state=False, 
 
     q, g [B, T, H, K]; v [B, T, H, V] -> o [B, T, H, V]
     initial_state, final_state: S [N, H, K, V]; N is B, or the number of packed sequences
-    scale: a number (default K ** -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
+    scale: a number (default K ^ -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
     backend: "auto" (the Triton kernels on CUDA when they can run the call, else torch), "torch" or "triton"
     Returns o in the first input's dtype and, with output_final_state=True, the final state(s) in float32
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
@@ -52,8 +52,9 @@ def hgrn2(q, g, v, *, scale=None, initial_state=None, output_final_state=False, 
 
 
 def default_scale(sizes):
-    """The scale when the call gives none: K ** -0.5, for the call's dim sizes."""
-    return sizes["K"] ** -0.5
+    """The scale when the call gives none: K ^ -0.5, for the call's dim sizes."""
+    t17 = torch.tensor(sizes["K"], dtype=torch.float64) ** torch.tensor((-0.5), dtype=torch.float64)
+    return float(t17)
 
 
 def forward(call, scan):

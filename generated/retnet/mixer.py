@@ -33,7 +33,7 @@ def retnet(q, k, v, *, scale=None, initial_state=None, output_final_state=False,
 
     q, k [B, T, H, K]; v [B, T, H, V] -> o [B, T, H, V]
     initial_state, final_state: S [N, H, K, V]; N is B, or the number of packed sequences
-    scale: a number (default K ** -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
+    scale: a number (default K ^ -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
     backend: "auto" (the Triton kernels on CUDA when they can run the call, else torch), "torch" or "triton"
     Returns o in the first input's dtype and, with output_final_state=True, the final state(s) in float32
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
@@ -52,8 +52,9 @@ def retnet(q, k, v, *, scale=None, initial_state=None, output_final_state=False,
 
 
 def default_scale(sizes):
-    """The scale when the call gives none: K ** -0.5, for the call's dim sizes."""
-    return sizes["K"] ** -0.5
+    """The scale when the call gives none: K ^ -0.5, for the call's dim sizes."""
+    t22 = torch.tensor(sizes["K"], dtype=torch.float64) ** torch.tensor((-0.5), dtype=torch.float64)
+    return float(t22)
 
 
 def forward(call, scan):
@@ -70,14 +71,14 @@ def forward(call, scan):
     t11 = 2.0 ** t10  # [1, 1, H]
     gamma = 1.0 - t11  # [1, 1, H]
     t17 = scale * q  # [B, T, H, K]
-    t21 = torch.log(gamma)  # [1, 1, H]
+    t24 = torch.log(gamma)  # [1, 1, H]
     # scan S: additive write, constant decay, chunk 64
     [[o]], [S] = scan_group(
         scan, (B, T, H),
         key=k,
         values=[v],
         erase=None,
-        log_decay=t21,
+        log_decay=t24,
         side="key",
         reads=[(t17, True, True)],  # (scale * q) @ S after update
         h0=[call.initial_state["S"]],

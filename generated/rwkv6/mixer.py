@@ -6,6 +6,8 @@ is its kernel plan written out: the per-token work one line per node, each scan 
 """
 from __future__ import annotations
 
+import torch
+
 from ..runtime import fuse
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
@@ -33,7 +35,7 @@ def rwkv6(r, k, w, v, u, *, scale=None, initial_state=None, output_final_state=F
 
     r, k, w [B, T, H, K]; v [B, T, H, V]; u [H, K] -> o [B, T, H, V]
     initial_state, final_state: S [N, H, K, V]; N is B, or the number of packed sequences
-    scale: a number (default K ** -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
+    scale: a number (default K ^ -0.5); cu_seqlens: the [N + 1] offsets of packed sequences in one batch row (B = 1)
     backend: "auto" (the Triton kernels on CUDA when they can run the call, else torch), "torch" or "triton"
     Returns o in the first input's dtype and, with output_final_state=True, the final state(s) in float32
     (float64 for float64 inputs); computes in float32 (float64 for float64 inputs).
@@ -52,8 +54,9 @@ def rwkv6(r, k, w, v, u, *, scale=None, initial_state=None, output_final_state=F
 
 
 def default_scale(sizes):
-    """The scale when the call gives none: K ** -0.5, for the call's dim sizes."""
-    return sizes["K"] ** -0.5
+    """The scale when the call gives none: K ^ -0.5, for the call's dim sizes."""
+    t19 = torch.tensor(sizes["K"], dtype=torch.float64) ** torch.tensor((-0.5), dtype=torch.float64)
+    return float(t19)
 
 
 def forward(call, scan):
@@ -81,7 +84,7 @@ def forward(call, scan):
         cu_seqlens=call.cu_seqlens,
         chunk=8,
     )
-    t21 = (t7 * t8).sum(-1)  # [B, T, H]
-    t22 = t21[..., None] * v  # [B, T, H, V]
-    o = S_read + t22  # [B, T, H, V]
+    t24 = (t7 * t8).sum(-1)  # [B, T, H]
+    t25 = t24[..., None] * v  # [B, T, H, V]
+    o = S_read + t25  # [B, T, H, V]
     return o, [S]

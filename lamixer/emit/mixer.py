@@ -233,11 +233,6 @@ class MixerWriter:
 def default_scale(compiled: Compiled, module: Module) -> list[str]:
     """The body of default_scale(sizes): the scale when the call gives none, from the call's dim sizes."""
     g, plan = compiled.graph, compiled.plan
-    if g.scale_default is None:
-        if not g.states:
-            return ["return 1.0"]
-        first = next(iter(g.states.values()))
-        return [f"return sizes[{src.text(first.dims[0])}] ** -0.5"]
     names = Names(("sizes", "torch"))
     env: dict[int, _Value] = {}
     lines = []
@@ -346,8 +341,11 @@ is its kernel plan written out: the per-token work one line per node, each scan 
 
 
 def default_scale_text(compiled: Compiled) -> str:
-    """The default scale as the spec (or lamixer's rule) writes it."""
-    g = compiled.graph
-    if g.scale_default is not None:
-        return expr(g, g.scale_default)
-    return f"{next(iter(g.states.values())).dims[0]} ** -0.5" if g.states else "1"
+    """The default scale as the spec (or the language's rule, lowered like a spec's) writes it."""
+    text = expr(compiled.graph, compiled.graph.scale_default)
+    depth = 0  # without the parentheses around the whole
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and i < len(text) - 1:
+            return text
+    return text[1:-1] if text.startswith("(") else text

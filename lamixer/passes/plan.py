@@ -20,7 +20,7 @@ class KernelPlan:
     chunk: dict[str, int]  # state -> chunk length
     fusable: list[tuple[str, ...]]  # states whose scans share key, decay and queries (one kernel, values side by side)
     nodes: dict[int, dict]  # every node's attributes as plain data: executing the plan needs no graph library
-    scale_order: list[int]  # the default scale's expression, in evaluation order (empty: K ** -0.5)
+    scale_order: list[int]  # the default scale's expression, in evaluation order
 
     def stages(self, g: ir.Graph, cls: Classification) -> list[str]:
         """A readable listing of the plan, stage by stage."""
@@ -83,8 +83,6 @@ def make_plan(g: ir.Graph, cls: Classification) -> KernelPlan:
         if len(group) > 1 and not any(a.state in f for f in fusable):
             fusable.append(tuple(group))
     nodes = {n: dict(d) for n, d in g.g.nodes(data=True)}
-    scale_order = []
-    if g.scale_default is not None:
-        need = nx.ancestors(g.g, g.scale_default) | {g.scale_default}
-        scale_order = [n for n in g.order() if n in need]
+    need = nx.ancestors(g.g, g.scale_default) | {g.scale_default}
+    scale_order = [n for n in g.order() if n in need]
     return KernelPlan(order, read_scan, {s.state: _chunk(s) for s in cls.scans}, fusable, nodes, scale_order)
