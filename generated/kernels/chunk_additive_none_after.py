@@ -11,7 +11,8 @@ def chunk_additive_none_after_float32_state_fwd(
     STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """hs[c] = the state entering chunk c [K, V]; ht = the final state. One program per (value block,
-    sequence x head) walks the chunks: S <- exp(B_last) S + (a exp(B_last - B))^T b."""
+    sequence x head) walks the chunks: S <- exp(B_last) S + (a exp(B_last - B))^T b, the state as up to four
+    key blocks of BK rows (K <= 4 BK), every tile through a block pointer off the sequence's first row."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -23,21 +24,47 @@ def chunk_additive_none_after_float32_state_fwd(
         L = T
         boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    p_kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
-    b_h = tl.load(h0 + i_nh.to(tl.int64) * K * V + p_kv, mask=m_kv, other=0.).to(tl.float32)  # [BK, BV]
-    for i_t in range(0, tl.cdiv(L, BT)):
-        tl.store(hs + ((boc + i_t) * H + i_h) * K * V + p_kv, b_h.to(hs.dtype.element_ty), mask=m_kv)
-        t = bos + i_t * BT + o_t
-        m_t = i_t * BT + o_t < L
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_h = b_h + tl.dot(tl.trans(b_a).to(b_b.dtype), b_b, input_precision=PRECISION)
+    row0 = bos * H + i_h  # the sequence's first token, this head: rows of a, b are H apart
+    a += row0 * K
+    b += row0 * V
+    p_h0 = h0 + i_nh.to(tl.int64) * K * V
+    b_h1 = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h2 = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h3 = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h0 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    if K > 1 * BK:
+        b_h1 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    if K > 2 * BK:
+        b_h2 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    if K > 3 * BK:
+        b_h3 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    for i_t in range(0, tl.cdiv(L, BT).to(tl.int32)):  # int32 chunk offsets, as block pointers take them
+        p_hs = hs + ((boc + i_t) * H + i_h) * K * V
+        b_b = tl.load(tl.make_block_ptr(b, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BV]
+        tl.store(tl.make_block_ptr(p_hs, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(hs.dtype.element_ty), boundary_check=(0, 1))
+        b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (0, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+        b_h0 = b_h0 + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
+        if K > 1 * BK:
+            tl.store(tl.make_block_ptr(p_hs, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(hs.dtype.element_ty), boundary_check=(0, 1))
+            b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (1 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            b_h1 = b_h1 + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
+        if K > 2 * BK:
+            tl.store(tl.make_block_ptr(p_hs, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(hs.dtype.element_ty), boundary_check=(0, 1))
+            b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (2 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            b_h2 = b_h2 + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
+        if K > 3 * BK:
+            tl.store(tl.make_block_ptr(p_hs, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(hs.dtype.element_ty), boundary_check=(0, 1))
+            b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (3 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            b_h3 = b_h3 + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
     if STORE_HT:
-        tl.store(ht + i_nh.to(tl.int64) * K * V + p_kv, b_h.to(ht.dtype.element_ty), mask=m_kv)
+        p_ht = ht + i_nh.to(tl.int64) * K * V
+        tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(ht.dtype.element_ty), boundary_check=(0, 1))
+        if K > 1 * BK:
+            tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(ht.dtype.element_ty), boundary_check=(0, 1))
+        if K > 2 * BK:
+            tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(ht.dtype.element_ty), boundary_check=(0, 1))
+        if K > 3 * BK:
+            tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(ht.dtype.element_ty), boundary_check=(0, 1))
 
 
 
@@ -87,7 +114,8 @@ def chunk_additive_none_after_float32_state_bwd(
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dhs[c] = dL/dS leaving chunk c; dh0 = dL/dS entering the first. One program per (value block,
-    sequence x head) walks the chunks backwards: dS <- exp(B_last) dS + (q exp(E))^T do."""
+    sequence x head) walks the chunks backwards: dS <- exp(B_last) dS + (q exp(E))^T do, dS as up to four key
+    blocks of BK rows, every tile through a block pointer off the sequence's first row."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -99,24 +127,56 @@ def chunk_additive_none_after_float32_state_bwd(
         L = T
         boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    p_kv = o_k[:, None] * V + o_v[None, :]
-    m_kv = m_k[:, None] & m_v[None, :]
-    b_dh = tl.load(dht + i_nh.to(tl.int64) * K * V + p_kv, mask=m_kv, other=0.).to(tl.float32)  # [BK, BV]
-    NT = tl.cdiv(L, BT)
+    row0 = bos * H + i_h  # the sequence's first token, this head: rows of q, do are H apart
+    q += row0 * K
+    do += row0 * V
+    p_dht = dht + i_nh.to(tl.int64) * K * V
+    b_h1 = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h2 = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h3 = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h0 = tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    if K > 1 * BK:
+        b_h1 = tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    if K > 2 * BK:
+        b_h2 = tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    if K > 3 * BK:
+        b_h3 = tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    NT = tl.cdiv(L, BT).to(tl.int32)  # int32 chunk offsets, as block pointers take them
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
-        tl.store(dhs + ((boc + i_t) * H + i_h) * K * V + p_kv, b_dh.to(dhs.dtype.element_ty), mask=m_kv)
-        t = bos + i_t * BT + o_t
-        m_t = i_t * BT + o_t < L
-        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-            b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_dh = b_dh + tl.dot(tl.trans(b_q).to(b_do.dtype), b_do, input_precision=PRECISION)
-    tl.store(dh0 + i_nh.to(tl.int64) * K * V + p_kv, b_dh.to(dh0.dtype.element_ty), mask=m_kv)
+        p_dhs = dhs + ((boc + i_t) * H + i_h) * K * V
+        b_do = tl.load(tl.make_block_ptr(do, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BV]
+        tl.store(tl.make_block_ptr(p_dhs, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dhs.dtype.element_ty), boundary_check=(0, 1))
+        b_qT = tl.load(tl.make_block_ptr(q, (K, L), (1, H * K), (0, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+        if USE_QS:
+            b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
+        b_h0 = b_h0 + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
+        if K > 1 * BK:
+            tl.store(tl.make_block_ptr(p_dhs, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(dhs.dtype.element_ty), boundary_check=(0, 1))
+            b_qT = tl.load(tl.make_block_ptr(q, (K, L), (1, H * K), (1 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            if USE_QS:
+                b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
+            b_h1 = b_h1 + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
+        if K > 2 * BK:
+            tl.store(tl.make_block_ptr(p_dhs, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dhs.dtype.element_ty), boundary_check=(0, 1))
+            b_qT = tl.load(tl.make_block_ptr(q, (K, L), (1, H * K), (2 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            if USE_QS:
+                b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
+            b_h2 = b_h2 + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
+        if K > 3 * BK:
+            tl.store(tl.make_block_ptr(p_dhs, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dhs.dtype.element_ty), boundary_check=(0, 1))
+            b_qT = tl.load(tl.make_block_ptr(q, (K, L), (1, H * K), (3 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            if USE_QS:
+                b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
+            b_h3 = b_h3 + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
+    p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
+    tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+    if K > 1 * BK:
+        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+    if K > 2 * BK:
+        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+    if K > 3 * BK:
+        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh0.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -4,9 +4,9 @@ Copied by lamixer compile, unchanged but for the custom ops' namespace and the i
 from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, additive_scan,
 additive_scan_backward, CHUNK_DECAYS, STRIP, _chunks, _chunk_cumsum, _snapshot_dtype, PRECISION,
 _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save, _chunk_grads,
-_chunk_setup_context, _EagerChunkScan, run_chunk_scan, _setup_context, _backward, _acc_precision,
-_launch, _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py:
-Config, _pow2, default_config.
+_chunk_setup_context, _EagerChunkScan, run_chunk_scan, _setup_context, _backward, state_key_block,
+_acc_precision, _launch, _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from
+lamixer/autotune.py: Config, _pow2, default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
 file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's
 cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -218,7 +218,9 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H)](
-            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages, **common)
+            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages,
+            **dict(common, BK=state_key_block(K)),
+        )  # fmt: skip
     if NC * H:
         if decay == "key":
             Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
@@ -263,7 +265,9 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H)](
-            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=c.num_stages, **common)
+            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=c.num_stages,
+            **dict(common, BK=state_key_block(K)),
+        )  # fmt: skip
     if NC * H == 0:
         return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0
     grads = getattr(mod, f"{mod.NAME}_grads_bwd")
@@ -356,6 +360,12 @@ def _backward(ctx, do, dht):
 
 
 additive_scan.register_autograd(_backward, setup_context=_setup_context)
+
+
+def state_key_block(K: int) -> int:
+    """The key block of the sequential state passes (chunk_additive's walks, scan_delta's state pass): the state as
+    at most four [BK, BV] blocks (K <= 256)."""
+    return min(64, _pow2(K))
 
 
 def _acc_precision(acc: torch.dtype) -> str:

@@ -1,8 +1,8 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton_delta.py: FAMILY, default_config, state_key_block, state_stages,
-_forward, delta_scan, delta_scan_backward, _key_grads, _setup_context, _backward, triton_delta_scan.
+from lamixer/backends/triton_delta.py: FAMILY, default_config, state_stages, _forward, delta_scan,
+delta_scan_backward, _key_grads, _setup_context, _backward, triton_delta_scan.
 What comes before the copies is this file's own: tb is host.py, as lamixer's triton backend is to
 its delta rule; scan_config gives every call the default configuration (lamixer's tuned ones live in
 lamixer's cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -25,11 +25,6 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
 
 
 FAMILY = "scan_delta"
-
-
-def state_key_block(K: int) -> int:
-    """The forward state pass's key block: the state as at most four [BK, BV] blocks (K <= 256)."""
-    return min(64, _pow2(K))
 
 
 def state_stages(low_precision: bool) -> int:
@@ -60,7 +55,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
     BT, BV = c_cfg.BT, min(c_cfg.BV, _pow2(V))
-    BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the state pass takes state_key_block)
+    BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the state pass: tb.state_key_block)
     acc = h0.dtype
     varlen = cu is not None
     chunks, indices, offsets = tb._chunks(cu, B, T, BT)
@@ -79,7 +74,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BV), N * H)](
-        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
+        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=tb.state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
         **dict(shapes, num_stages=state_stages(g is None)),
     )  # fmt: skip
     return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))

@@ -130,7 +130,7 @@ def scan_delta_scalar_after_float32_state_kernel(
         b_h2 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
     if K > 3 * BK:
         b_h3 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-    for i_t in range(0, tl.cdiv(L, BT)):
+    for i_t in range(0, tl.cdiv(L, BT).to(tl.int32)):  # int32 chunk offsets, as block pointers take them
         p_h = h + ((c0 + i_t) * H + i_h) * K * V
         p_u0 = tl.make_block_ptr(u0, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         b_u = tl.load(p_u0, boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BT, BV]

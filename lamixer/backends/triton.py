@@ -273,7 +273,9 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H)](
-            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages, **common)
+            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages,
+            **dict(common, BK=state_key_block(K)),
+        )  # fmt: skip
     if NC * H:
         if decay == "key":
             Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
@@ -318,7 +320,9 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H)](
-            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=c.num_stages, **common)
+            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=c.num_stages,
+            **dict(common, BK=state_key_block(K)),
+        )  # fmt: skip
     if NC * H == 0:
         return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0
     grads = getattr(mod, f"{mod.NAME}_grads_bwd")
@@ -411,6 +415,12 @@ def _backward(ctx, do, dht):
 
 
 additive_scan.register_autograd(_backward, setup_context=_setup_context)
+
+
+def state_key_block(K: int) -> int:
+    """The key block of the sequential state passes (chunk_additive's walks, scan_delta's state pass): the state as
+    at most four [BK, BV] blocks (K <= 256)."""
+    return min(64, _pow2(K))
 
 
 def _acc_precision(acc: torch.dtype) -> str:

@@ -22,11 +22,6 @@ KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "
 CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
 
 
-def state_key_block(K: int) -> int:
-    """The forward state pass's key block: the state as at most four [BK, BV] blocks (K <= 256)."""
-    return min(64, _pow2(K))
-
-
 def state_stages(low_precision: bool) -> int:
     """The forward state pass's pipeline stages, whatever the configuration's: its block-pointer loads need them (H200,
     bf16 intermediates, K = V = 128, 64-wide value blocks, 4 warps: 216 us at 3 stages, 313 at 2, 632 at 1;
@@ -84,7 +79,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
     BT, BV = c_cfg.BT, min(c_cfg.BV, _pow2(V))
-    BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the state pass takes state_key_block)
+    BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the state pass: tb.state_key_block)
     acc = h0.dtype
     varlen = cu is not None
     chunks, indices, offsets = tb._chunks(cu, B, T, BT)
@@ -103,7 +98,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BV), N * H)](
-        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
+        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=tb.state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
         **dict(shapes, num_stages=state_stages(g is None)),
     )  # fmt: skip
     return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
