@@ -1,0 +1,38 @@
+"""Every generated Triton kernel compiles for the H200 (sm_90) with the default configurations, on this machine
+without a GPU (tests/compile_worker.py: Triton's compiler and ptxas, launches turned into compile-only warmups).
+
+The interpreter the other tests run kernels under does not compile them: a kernel it runs correctly can still be
+refused by the compiler (a block pointer given a 64-bit offset: the loop over chunks took its bound's int64 type)
+or by the hardware (more shared memory than a block may have)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lamixer
+
+WORKER = Path(__file__).resolve().parent / "compile_worker.py"
+SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
+
+
+def test_every_kernel_compiles_for_the_h200(tmp_path, example_specs):
+    specs = [str(p) for p in sorted(Path(lamixer.__file__).parent.joinpath("specs").glob("*.lam"))] + example_specs
+    out = tmp_path / "compiled.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # compiled here, not found in an earlier run's cache
+    env["LAMIXER_CACHE"] = str(tmp_path / "lamixer")  # the default configurations, no tuned ones
+    proc = subprocess.run([sys.executable, str(WORKER), str(out), *specs], env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    errors = [f"{r['spec']}: {r['error']}" for r in rows if "error" in r]
+    assert not errors, "\n".join(errors)
+    kernels = {r["kernel"] for r in rows}
+    for family, stages in {"chunk_additive": ("state_fwd", "output_fwd", "state_bwd", "grads_bwd", "scores_fwd", "strips_bwd"),
+                           "scan_delta": ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_grad_kernel"),
+                           "scan_additive": ("fwd_kernel",), "recurrent": ("kernel",)}.items():  # fmt: skip
+        for stage in stages:
+            assert any(k.startswith(family) and k.endswith(stage) for k in kernels), f"no {family} {stage} compiled"
+    assert {r["spec"] for r in rows} == {os.path.basename(s) for s in specs}
+    big = [f"{r['kernel']} ({r['spec']}): {r['shared']} bytes" for r in rows if r["shared"] > SHARED_LIMIT]
+    assert not big, "more shared memory than an sm_90 block has: " + ", ".join(big)
