@@ -23,7 +23,7 @@ CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, 
 
 
 def state_stages(low_precision: bool) -> int:
-    """The forward state pass's pipeline stages, whatever the configuration's: its block-pointer loads need them (H200,
+    """The sequential passes' pipeline stages, whatever the configuration's: their block-pointer loads need them (H200,
     bf16 intermediates, K = V = 128, 64-wide value blocks, 4 warps: 216 us at 3 stages, 313 at 2, 632 at 1;
     bench/state_probe.py). Float32 intermediates (under a decay) take 2: their tiles are twice the size in shared memory."""
     return 3 if low_precision else 2
@@ -43,8 +43,8 @@ def default_config(decay: str, K: int, V: int) -> Config:
     K = V = 128, bf16): fewer register spills (32-token chunks, 8 warps, 16- or 32-wide value blocks, the least
     spilling by ptxas) were slower there: gated_deltanet 13.2 / 47.3 ms against 6.1 / 28.7 forward / +backward,
     the output kernel recomputing its scores once per value block. A per-key decay holds [BT, BT, BK] weights:
-    16-token chunks. BK is the key block of the per-chunk kernels; the backward's sequential pass holds K whole, so wider
-    keys take narrower value blocks."""
+    16-token chunks. BK is the key block of the per-chunk kernels; the sequential passes hold the whole state (in
+    blocks of tb.state_key_block rows), so wider keys take narrower value blocks."""
     BV = min(64 if K <= 128 else 32, _pow2(V))
     if decay == "key":
         return Config(16, BV, min(64, _pow2(K)), 8, 1)
@@ -155,7 +155,7 @@ def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
         q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, offsets, T, NS, N * NS * H * K,
-        P=tb.SEGMENT, USE_DHT=True, **dict(common, BK=_pow2(K)),
+        P=tb.SEGMENT, USE_DHT=True, **dict(common, BK=tb.state_key_block(K), num_stages=state_stages(g is None)),
     )  # fmt: skip
     grad = acc if g is not None else q.dtype  # kept precise under a decay: d(log decay) is built from dq, da, dc
     dq = torch.empty(*q.shape, dtype=grad, device=q.device)
