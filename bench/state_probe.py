@@ -1,15 +1,17 @@
-"""An experiment on the sequential state passes (no decay, bf16). The delta rule's: the generated kernel against variants
-written with block pointers and the key dim held as two 64-row halves (state_halves), each change alone
-(state_block_pointers, state_halves_offsets), over value blocks, warps and stages.
+"""An experiment on the sequential state passes (no decay, bf16, K = V = 128): the generated kernels, which hold the
+state as 64-row key blocks read through block pointers, against the form the templates had before (one [K, BV]
+state, per-element int64 offsets: offsets_whole, additive_offsets_whole) and, for the delta rule's state pass,
+each of the two changes alone (state_block_pointers: block pointers, K whole; state_halves_offsets: two key
+blocks, offsets), over value blocks, warps and stages.
 
     python bench/state_probe.py [--T 8192]
 
-The generated kernel now has state_halves' form (block pointers, 64-row key blocks); state_probe_s4.json in
-bench/results/h200_2026-11-29 timed the template before it (per-element offsets, K whole). Each computes, per
-(value block, sequence x head), the state entering every chunk (h) and U = U0 + W S0 (u); the results are
-compared with the generated kernel's at its default launch. Then chunk_additive's state walk (linear_attn's),
-generated against additive_halves, the same form. Times in microseconds (triton do_bench, median).
-Writes $OUT (or bench/results)/state_probe.json. Under TRITON_INTERPRET=1 it only checks, at a small shape.
+state_probe_s4.json in bench/results/h200_2026-11-29 is the run that chose the form (its "halves" is now the
+template's; its "generated" the old form, 477 us at the default launch against 216). Each delta variant computes,
+per (value block, sequence x head), the state entering every chunk (h) and U = U0 + W S0 (u); each additive one
+the states entering the chunks; results are compared with the generated kernel's at its default launch. Times in
+microseconds (triton do_bench, median). Writes $OUT (or bench/results)/state_probe.json. Under TRITON_INTERPRET=1
+it only checks, at a small shape.
 """
 from __future__ import annotations
 
@@ -25,48 +27,31 @@ from lamixer.backends import triton as tb
 
 
 @triton.jit(do_not_specialize=["T"])
-def state_halves(a, w, u0, h0, h, u, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
-    """K == 128 as two [64, BV] state halves; every tile through a block pointer off a base moved once per program."""
+def offsets_whole(a, w, u0, h0, h, u, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """The delta state pass as the template wrote it before (no decay): one [K, BV] state, per-element int64 offsets."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    NT = tl.cdiv(T, BT)
-    row0 = i_n.to(tl.int64) * T * H + i_h  # token 0 of the sequence, this head
-    a += row0 * K
-    w += row0 * K
-    u0 += row0 * V
-    u += row0 * V
-    h += (i_n.to(tl.int64) * NT * H + i_h) * K * V
-    p = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (64, BV), (1, 0))
-    b_h1 = tl.load(p, boundary_check=(0, 1)).to(tl.float32)
-    p = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (64, i_v * BV), (64, BV), (1, 0))
-    b_h2 = tl.load(p, boundary_check=(0, 1)).to(tl.float32)
-    for i_t in range(NT):
-        p1 = tl.make_block_ptr(h + i_t * H * K * V, (K, V), (V, 1), (0, i_v * BV), (64, BV), (1, 0))
-        p2 = tl.make_block_ptr(h + i_t * H * K * V, (K, V), (V, 1), (64, i_v * BV), (64, BV), (1, 0))
-        tl.store(p1, b_h1.to(h.dtype.element_ty), boundary_check=(0, 1))
-        tl.store(p2, b_h2.to(h.dtype.element_ty), boundary_check=(0, 1))
-        p_w1 = tl.make_block_ptr(w, (T, K), (H * K, 1), (i_t * BT, 0), (BT, 64), (1, 0))
-        p_w2 = tl.make_block_ptr(w, (T, K), (H * K, 1), (i_t * BT, 64), (BT, 64), (1, 0))
-        b_u = tl.dot(tl.load(p_w1, boundary_check=(0, 1)), b_h1.to(w.dtype.element_ty))
-        b_u += tl.dot(tl.load(p_w2, boundary_check=(0, 1)), b_h2.to(w.dtype.element_ty))
-        p_u0 = tl.make_block_ptr(u0, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_u += tl.load(p_u0, boundary_check=(0, 1)).to(tl.float32)
-        p_u = tl.make_block_ptr(u, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_ub = b_u.to(u.dtype.element_ty)
-        tl.store(p_u, b_ub, boundary_check=(0, 1))
-        p_a1 = tl.make_block_ptr(a, (K, T), (1, H * K), (0, i_t * BT), (64, BT), (0, 1))
-        p_a2 = tl.make_block_ptr(a, (K, T), (1, H * K), (64, i_t * BT), (64, BT), (0, 1))
-        b_h1 += tl.dot(tl.load(p_a1, boundary_check=(0, 1)), b_ub)
-        b_h2 += tl.dot(tl.load(p_a2, boundary_check=(0, 1)), b_ub)
-    p = tl.make_block_ptr(ht + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (64, BV), (1, 0))
-    tl.store(p, b_h1, boundary_check=(0, 1))
-    p = tl.make_block_ptr(ht + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (64, i_v * BV), (64, BV), (1, 0))
-    tl.store(p, b_h2, boundary_check=(0, 1))
+    bos = i_n.to(tl.int64) * T
+    c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    o_t, o_k, o_v = tl.arange(0, BT), tl.arange(0, K), i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    b_h = tl.load(h0 + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.).to(tl.float32)
+    for i_t in range(0, tl.cdiv(T, BT)):
+        t = bos + i_t * BT + o_t
+        m_tv = (i_t * BT + o_t < T)[:, None] & m_v[None, :]
+        tl.store(h + ((c0 + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], b_h.to(h.dtype.element_ty), mask=m_v[None, :])
+        b_w = tl.load(w + (t[:, None] * H + i_h) * K + o_k[None, :], mask=(i_t * BT + o_t < T)[:, None], other=0.)
+        b_u = tl.load(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)
+        b_u += tl.dot(b_w, b_h.to(w.dtype.element_ty))
+        tl.store(u + (t[:, None] * H + i_h) * V + o_v[None, :], b_u.to(u.dtype.element_ty), mask=m_tv)
+        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=(i_t * BT + o_t < T)[:, None], other=0.)
+        b_h += tl.dot(tl.trans(b_a), b_u.to(a.dtype.element_ty))
+    tl.store(ht + i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :], b_h, mask=m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])
 def state_block_pointers(a, w, u0, h0, h, u, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
-    """The generated kernel's tiles (the key dim whole) through block pointers: separates the two changes above."""
+    """One [K, BV] state, every tile through a block pointer."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     NT = tl.cdiv(T, BT)
@@ -76,11 +61,11 @@ def state_block_pointers(a, w, u0, h0, h, u, ht, T, H: tl.constexpr, K: tl.const
     u0 += row0 * V
     u += row0 * V
     h += (i_n.to(tl.int64) * NT * H + i_h) * K * V
-    p = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (K, BV), (1, 0))
-    b_h = tl.load(p, boundary_check=(0, 1)).to(tl.float32)
+    p_h0 = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (K, BV), (1, 0))
+    b_h = tl.load(p_h0, boundary_check=(0, 1)).to(tl.float32)
     for i_t in range(NT):
-        p = tl.make_block_ptr(h + i_t * H * K * V, (K, V), (V, 1), (0, i_v * BV), (K, BV), (1, 0))
-        tl.store(p, b_h.to(h.dtype.element_ty), boundary_check=(0, 1))
+        p_h = tl.make_block_ptr(h + i_t * H * K * V, (K, V), (V, 1), (0, i_v * BV), (K, BV), (1, 0))
+        tl.store(p_h, b_h.to(h.dtype.element_ty), boundary_check=(0, 1))
         p_w = tl.make_block_ptr(w, (T, K), (H * K, 1), (i_t * BT, 0), (BT, K), (1, 0))
         b_u = tl.dot(tl.load(p_w, boundary_check=(0, 1)), b_h.to(w.dtype.element_ty))
         p_u0 = tl.make_block_ptr(u0, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
@@ -90,13 +75,13 @@ def state_block_pointers(a, w, u0, h0, h, u, ht, T, H: tl.constexpr, K: tl.const
         tl.store(p_u, b_ub, boundary_check=(0, 1))
         p_a = tl.make_block_ptr(a, (K, T), (1, H * K), (0, i_t * BT), (K, BT), (0, 1))
         b_h += tl.dot(tl.load(p_a, boundary_check=(0, 1)), b_ub)
-    p = tl.make_block_ptr(ht + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (K, BV), (1, 0))
-    tl.store(p, b_h, boundary_check=(0, 1))
+    p_ht = tl.make_block_ptr(ht + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (K, BV), (1, 0))
+    tl.store(p_ht, b_h, boundary_check=(0, 1))
 
 
 @triton.jit(do_not_specialize=["T"])
 def state_halves_offsets(a, w, u0, h0, h, u, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
-    """Two [64, BV] halves as in state_halves, the tiles addressed by offsets off a base moved once per chunk."""
+    """Two [64, BV] key blocks, the tiles addressed by int32 offsets off a base moved once per chunk."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     NT = tl.cdiv(T, BT)
@@ -126,34 +111,24 @@ def state_halves_offsets(a, w, u0, h0, h, u, ht, T, H: tl.constexpr, K: tl.const
 
 
 @triton.jit(do_not_specialize=["T"])
-def additive_halves(a, b, h0, hs, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
-    """chunk_additive's state walk without a decay (S <- S + a^T b per chunk) in state_halves' form."""
+def additive_offsets_whole(a, b, h0, hs, ht, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
+    """chunk_additive's state walk as the template wrote it before (no decay): one [K, BV] state, per-element offsets."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    NT = tl.cdiv(T, BT)
-    row0 = i_n.to(tl.int64) * T * H + i_h
-    a += row0 * K
-    b += row0 * V
-    hs += (i_n.to(tl.int64) * NT * H + i_h) * K * V
-    p = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (64, BV), (1, 0))
-    b_h1 = tl.load(p, boundary_check=(0, 1)).to(tl.float32)
-    p = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (64, i_v * BV), (64, BV), (1, 0))
-    b_h2 = tl.load(p, boundary_check=(0, 1)).to(tl.float32)
-    for i_t in range(NT):
-        p1 = tl.make_block_ptr(hs + i_t * H * K * V, (K, V), (V, 1), (0, i_v * BV), (64, BV), (1, 0))
-        p2 = tl.make_block_ptr(hs + i_t * H * K * V, (K, V), (V, 1), (64, i_v * BV), (64, BV), (1, 0))
-        tl.store(p1, b_h1.to(hs.dtype.element_ty), boundary_check=(0, 1))
-        tl.store(p2, b_h2.to(hs.dtype.element_ty), boundary_check=(0, 1))
-        p_b = tl.make_block_ptr(b, (T, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_b = tl.load(p_b, boundary_check=(0, 1), padding_option="zero")
-        p_a1 = tl.make_block_ptr(a, (K, T), (1, H * K), (0, i_t * BT), (64, BT), (0, 1))
-        p_a2 = tl.make_block_ptr(a, (K, T), (1, H * K), (64, i_t * BT), (64, BT), (0, 1))
-        b_h1 += tl.dot(tl.load(p_a1, boundary_check=(0, 1), padding_option="zero"), b_b)
-        b_h2 += tl.dot(tl.load(p_a2, boundary_check=(0, 1), padding_option="zero"), b_b)
-    p = tl.make_block_ptr(ht + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (0, i_v * BV), (64, BV), (1, 0))
-    tl.store(p, b_h1, boundary_check=(0, 1))
-    p = tl.make_block_ptr(ht + i_nh.to(tl.int64) * K * V, (K, V), (V, 1), (64, i_v * BV), (64, BV), (1, 0))
-    tl.store(p, b_h2, boundary_check=(0, 1))
+    bos = i_n.to(tl.int64) * T
+    boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    o_t, o_k, o_v = tl.arange(0, BT), tl.arange(0, K), i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    p_kv = o_k[:, None] * V + o_v[None, :]
+    b_h = tl.load(h0 + i_nh.to(tl.int64) * K * V + p_kv, mask=m_v[None, :], other=0.).to(tl.float32)
+    for i_t in range(0, tl.cdiv(T, BT)):
+        tl.store(hs + ((boc + i_t) * H + i_h) * K * V + p_kv, b_h.to(hs.dtype.element_ty), mask=m_v[None, :])
+        t = bos + i_t * BT + o_t
+        m_t = i_t * BT + o_t < T
+        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None], other=0.)
+        b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
+        b_h = b_h + tl.dot(tl.trans(b_a).to(b_b.dtype), b_b)
+    tl.store(ht + i_nh.to(tl.int64) * K * V + p_kv, b_h, mask=m_v[None, :])
 
 
 def main():
@@ -183,14 +158,14 @@ def main():
             fn = lambda: generated[grid](a, None, w, u0, h0, h, u, ht, None, offsets, T, H=H, K=K, V=V, BT=BT, BK=min(64, K), BV=BV,  # noqa: E731
                                          STORE_HT=True, IS_VARLEN=False, ACC_PRECISION="ieee", num_warps=warps, num_stages=stages)  # fmt: skip
         else:
-            kernel = dict(halves=state_halves, block_pointers=state_block_pointers, halves_offsets=state_halves_offsets)[kind]
+            kernel = dict(offsets_whole=offsets_whole, block_pointers=state_block_pointers, halves_offsets=state_halves_offsets)[kind]
             fn = lambda: kernel[grid](a, w, u0, h0, h, u, ht, T, H=H, K=K, V=V, BT=BT, BV=BV, num_warps=warps, num_stages=stages)  # noqa: E731
         fn()
         return fn, (h, u, ht)
 
     rows = []
-    _, ref = run("generated", 64, 4, 1)
-    for kind in ("generated", "halves", "block_pointers", "halves_offsets"):
+    _, ref = run("generated", 64, 4, 3)  # the template's launch
+    for kind in ("generated", "offsets_whole", "block_pointers", "halves_offsets"):
         for BV in (32, 64):
             for warps in ((4,) if interpret else (2, 4)):
                 for stages in ((1,) if interpret else (1, 2, 3)):
@@ -215,12 +190,12 @@ def main():
             fn = lambda: walk[grid](a, u0, None, h0, hs, ht, None, offsets, T, H=H, K=K, V=V, BT=BT, BK=K, BV=BV, STORE_HT=True,  # noqa: E731
                                     IS_VARLEN=False, PRECISION="ieee", num_warps=warps, num_stages=stages)  # fmt: skip
         else:
-            fn = lambda: additive_halves[grid](a, u0, h0, hs, ht, T, H=H, K=K, V=V, BT=BT, BV=BV, num_warps=warps, num_stages=stages)  # noqa: E731
+            fn = lambda: additive_offsets_whole[grid](a, u0, h0, hs, ht, T, H=H, K=K, V=V, BT=BT, BV=BV, num_warps=warps, num_stages=stages)  # noqa: E731
         fn()
         return fn, (hs, ht)
 
     _, ref = run_additive("additive_generated", 32, 4, 2)  # the default configuration's walk
-    for kind in ("additive_generated", "additive_halves"):
+    for kind in ("additive_generated", "additive_offsets_whole"):
         for BV in (32, 64):
             for warps in ((4,) if interpret else (2, 4)):
                 for stages in ((1,) if interpret else (1, 2, 3)):
