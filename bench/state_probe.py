@@ -164,21 +164,26 @@ def main():
         return fn, (h, u, ht)
 
     rows = []
-    _, ref = run("generated", 64, 4, 3)  # the template's launch
-    for kind in ("generated", "offsets_whole", "block_pointers", "halves_offsets"):
-        for BV in (32, 64):
-            for warps in ((4,) if interpret else (2, 4)):
-                for stages in ((1,) if interpret else (1, 2, 3)):
-                    try:
-                        fn, got = run(kind, BV, warps, stages)
-                        err = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(got, ref))
-                        us = None if interpret else round(1e3 * triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), 1)
-                        row = dict(kind=kind, BV=BV, warps=warps, stages=stages, rel_err=err, us=us)
-                    except Exception as e:  # a configuration that does not compile is a result too
-                        row = dict(kind=kind, BV=BV, warps=warps, stages=stages, error=f"{type(e).__name__}: {str(e)[:200]}")
-                    print(row, flush=True)
-                    rows.append(row)
-    # chunk_additive's state walk (linear_attn's: no decay): the generated kernel against additive_halves
+
+    def sweep(kinds, run, reference):
+        """Every kind at every launch, its results against `reference`'s launch of the first kind."""
+        _, ref = run(kinds[0], *reference)
+        for kind in kinds:
+            for BV in (32, 64):
+                for warps in ((4,) if interpret else (2, 4)):
+                    for stages in ((1,) if interpret else (1, 2, 3)):
+                        try:
+                            fn, got = run(kind, BV, warps, stages)
+                            err = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(got, ref))
+                            us = None if interpret else round(1e3 * triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), 1)
+                            row = dict(kind=kind, BV=BV, warps=warps, stages=stages, rel_err=err, us=us)
+                        except Exception as e:  # a configuration that does not compile is a result too
+                            row = dict(kind=kind, BV=BV, warps=warps, stages=stages, error=f"{type(e).__name__}: {str(e)[:200]}")
+                        print(row, flush=True)
+                        rows.append(row)
+
+    sweep(("generated", "offsets_whole", "block_pointers", "halves_offsets"), run, (64, 4, 3))  # the template's launch
+    # chunk_additive's state walk (linear_attn's: no decay): the generated kernel against the previous form
     add = tb.kernels("chunk_additive", decay="none", read="after", acc="float32")
     walk = getattr(add, f"{add.NAME}_state_fwd")
 
@@ -187,27 +192,14 @@ def main():
         ht = torch.empty(B, H, K, V, device=dev, dtype=torch.float32)
         grid = (triton.cdiv(V, BV), B * H)
         if kind == "additive_generated":
-            fn = lambda: walk[grid](a, u0, None, h0, hs, ht, None, offsets, T, H=H, K=K, V=V, BT=BT, BK=K, BV=BV, STORE_HT=True,  # noqa: E731
+            fn = lambda: walk[grid](a, u0, None, h0, hs, ht, None, offsets, T, H=H, K=K, V=V, BT=BT, BK=min(64, K), BV=BV, STORE_HT=True,  # noqa: E731
                                     IS_VARLEN=False, PRECISION="ieee", num_warps=warps, num_stages=stages)  # fmt: skip
         else:
             fn = lambda: additive_offsets_whole[grid](a, u0, h0, hs, ht, T, H=H, K=K, V=V, BT=BT, BV=BV, num_warps=warps, num_stages=stages)  # noqa: E731
         fn()
         return fn, (hs, ht)
 
-    _, ref = run_additive("additive_generated", 32, 4, 2)  # the default configuration's walk
-    for kind in ("additive_generated", "additive_offsets_whole"):
-        for BV in (32, 64):
-            for warps in ((4,) if interpret else (2, 4)):
-                for stages in ((1,) if interpret else (1, 2, 3)):
-                    try:
-                        fn, got = run_additive(kind, BV, warps, stages)
-                        err = max(((x.float() - y.float()).norm() / y.float().norm()).item() for x, y in zip(got, ref))
-                        us = None if interpret else round(1e3 * triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"), 1)
-                        row = dict(kind=kind, BV=BV, warps=warps, stages=stages, rel_err=err, us=us)
-                    except Exception as e:
-                        row = dict(kind=kind, BV=BV, warps=warps, stages=stages, error=f"{type(e).__name__}: {str(e)[:200]}")
-                    print(row, flush=True)
-                    rows.append(row)
+    sweep(("additive_generated", "additive_offsets_whole"), run_additive, (32, 4, 2))  # the default configuration's walk
     if not interpret:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "state_probe.json"), "w") as f:
