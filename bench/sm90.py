@@ -1,0 +1,135 @@
+"""Compile, without running, the Triton kernels specs launch, for an H200 (sm_90), on any machine: no GPU needed.
+
+    python bench/sm90.py [--specs deltanet,gla] [--dtypes bfloat16,float32] [--T 150] [--D 128]
+
+Triton's own compiler and ptxas (shipped with triton) build each kernel: the active driver is replaced by one
+naming an sm_90 device that is never used, and every launch becomes a compile-only warmup, so the specs' calls run
+their host code with kernels that do nothing (results are not looked at). Each spec runs forward and backward on
+the chunk kernels (lengths past one chunk) and forward without gradients on 5 tokens (the recurrent kernel), at
+the default configurations. Prints, per kernel, shared memory, warps, stages and what `cuobjdump -res-usage`
+reads from the binary: registers per thread and stack bytes (spills). tests/test_gpu_compile.py runs the same
+compilation over every spec.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)  # before triton: kernels are compiled, not interpreted
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+SHARED_LIMIT = 232448  # bytes of shared memory one block may use on sm_90 (227 KB)
+
+
+class H200:
+    """The driver a launch asks for its device, stream and target: an sm_90 device that is never used."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def compile_only(on_kernel):
+    """Within: every Triton launch compiles its kernel for sm_90 and calls on_kernel(jit function, compiled kernel)
+    instead of running it."""
+    previous = driver._active  # None where there is no GPU (asking `active` would raise)
+    launch = JITFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        on_kernel(self, launch(self, *args, grid=grid, warmup=True, **kwargs))
+
+    driver.set_active(H200())
+    JITFunction.run = run
+    try:
+        yield
+    finally:
+        JITFunction.run = launch
+        driver._active = previous
+
+
+def resources(kernel) -> dict[str, int]:
+    """Registers per thread and stack bytes of a compiled kernel, as cuobjdump reads them from its cubin."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    fields = dict(item.split(":") for line in text.splitlines() if "REG:" in line for item in line.split() if ":" in item)
+    return dict(registers=int(fields["REG"]), stack=int(fields["STACK"]))
+
+
+def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: bool = False) -> list[dict]:
+    """One row per kernel each spec and dtype compiles (spec, dtype, kernel, shared, warps, stages[, registers,
+    stack]), or one row with the error that stopped a spec."""
+    import lamixer
+    from lamixer.check import forward_backward, random_call
+
+    rows: list[dict] = []
+    where: dict = {}
+
+    def record(fn, kernel):
+        row = dict(where, kernel=fn.__name__, shared=kernel.metadata.shared, warps=kernel.metadata.num_warps,
+                   stages=kernel.metadata.num_stages)  # fmt: skip
+        if with_resources:
+            row.update(resources(kernel))
+        rows.append(row)
+
+    with compile_only(record):
+        for spec in specs:
+            for dtype in dtypes:
+                where.update(spec=os.path.basename(spec), dtype=str(dtype).removeprefix("torch."))
+                try:
+                    m = lamixer.load(spec)
+                    tensors, states = random_call(m, B=1, T=T, H=2, size=D, dtype=dtype, distinct=False, seed=0)
+                    forward_backward(m, tensors, tuple(s.float() for s in states), "triton")
+                    short, states = random_call(m, B=1, T=5, H=2, size=D, dtype=dtype, distinct=False, seed=0)
+                    with torch.no_grad():
+                        m(**short, initial_state=tuple(s.float() for s in states) or None, output_final_state=True, backend="triton")
+                except Exception as e:  # reported with the spec's name
+                    rows.append(dict(where, error=f"{type(e).__name__}: {e}"[:2000]))
+    return rows
+
+
+def main():
+    import lamixer
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--specs", default=",".join(lamixer.shipped_specs()))
+    ap.add_argument("--dtypes", default="bfloat16")
+    ap.add_argument("--T", type=int, default=150)
+    ap.add_argument("--D", type=int, default=128)
+    args = ap.parse_args()
+    dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    seen = set()
+    print(f"{'kernel':<56} {'dtype':<9} {'warps':>5} {'stages':>6} {'shared':>7} {'regs':>4} {'stack':>5}")
+    for row in compile_specs(args.specs.split(","), dtypes, args.T, args.D, with_resources=True):
+        if "error" in row:
+            print(f"{row['spec']} ({row['dtype']}): {row['error']}")
+            continue
+        key = (row["kernel"], row["dtype"], row["shared"], row["stages"], row["warps"])
+        if key not in seen:
+            seen.add(key)
+            flag = "  over the shared-memory limit" if row["shared"] > SHARED_LIMIT else ""
+            print(f"{row['kernel']:<56} {row['dtype']:<9} {row['warps']:>5} {row['stages']:>6} {row['shared']:>7} "
+                  f"{row['registers']:>4} {row['stack']:>5}{flag}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
