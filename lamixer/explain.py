@@ -66,11 +66,23 @@ def summary(c: Compiled) -> dict[str, str]:
     }
 
 
+def default_scale_text(compiled: Compiled) -> str:
+    """The default scale as the spec (or the language's rule, lowered like a spec's) writes it."""
+    text = expr(compiled.graph, compiled.graph.scale_default)
+    depth = 0  # without the parentheses around the whole
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and i < len(text) - 1:
+            return text
+    return text[1:-1] if text.startswith("(") else text
+
+
 def report(c: Compiled) -> list[str]:
     g, cls, plan = c.graph, c.classification, c.plan
     lines = [f"mixer {g.name}: {g.title}" if g.title else f"mixer {g.name}", ""]
     lines.append("call:   " + ", ".join(op.name + _shape(op.dims, op.per_head) for op in g.operands) + " -> " + g.output_name + _shape(g.dims_of(g.output)))
     lines.append("states: " + ", ".join(n + _shape(s.dims) for n, s in g.states.items()))
+    lines.append("scale:  " + default_scale_text(c) + " unless the call gives one")
     lines.append(f"graph:  {g.g.number_of_nodes()} nodes, {g.g.number_of_edges()} edges")
     lines.append("")
     lines.append(f"update rule: {cls.update_rule}; composition: {cls.composition}")

@@ -23,7 +23,7 @@ def test_list_shows_every_shipped_spec_with_its_classification():
 def test_explain_prints_classification_and_plan(tmp_path):
     code, out = run("explain", "gated_deltanet", "--graph", str(tmp_path / "g.json"))
     assert code == 0, out
-    assert "delta write, scalar decay" in out and "plan:" in out and "log decay g" in out
+    assert "delta write, scalar decay" in out and "plan:" in out and "log decay g" in out and "scale:  K ^ -0.5" in out
     graph = json.loads((tmp_path / "g.json").read_text())
     assert any(node["op"] == "state_in" for node in graph["nodes"])
 

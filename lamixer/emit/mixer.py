@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from ..compiler import Compiled
-from ..explain import expr
+from ..explain import default_scale_text, expr
 from . import kernels as kernels_mod
 from . import source as src
 from .source import Module, Names
@@ -338,14 +338,3 @@ is its kernel plan written out: the per-token work one line per node, each scan 
     lines += ["    " + line if line else "" for line in body]
     m.write(*lines)
     return m.text()
-
-
-def default_scale_text(compiled: Compiled) -> str:
-    """The default scale as the spec (or the language's rule, lowered like a spec's) writes it."""
-    text = expr(compiled.graph, compiled.graph.scale_default)
-    depth = 0  # without the parentheses around the whole
-    for i, ch in enumerate(text):
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-        if depth == 0 and i < len(text) - 1:
-            return text
-    return text[1:-1] if text.startswith("(") else text

@@ -23,7 +23,7 @@ from importlib import resources
 
 from ..backends.recurrent import MAX_T
 from ..compiler import Compiled
-from ..explain import report
+from ..explain import default_scale_text, report
 from . import kernels as kernels_mod
 from . import layer as layer_mod
 from . import mixer as mixer_mod
@@ -155,7 +155,7 @@ def _readme(c: Compiled, pkg: str, function: str, configs, missing: list[str], s
         "  `initial_state` and the final state: " + ", ".join(f"`{n}` {src.shape(('N', 'H'), s.dims)}" for n, s in g.states.items())
         + (" (a tuple, in this order)" if len(g.states) > 1 else "") + ", float32 (float64 for float64 inputs); N is B, or the number"
         " of packed sequences (`cu_seqlens`, [N + 1] offsets into one batch row, B = 1).",
-        f"  `scale` defaults to `{mixer_mod.default_scale_text(c)}`. `backend`: `\"auto\"` runs the Triton kernels on CUDA when they can"
+        f"  `scale` defaults to `{default_scale_text(c)}`. `backend`: `\"auto\"` runs the Triton kernels on CUDA when they can"
         " run the call, else torch; `\"torch\"` or `\"triton\"` insist. Every bad argument raises an `ArgumentError` naming it.",
     ]
     if g.layer is not None:
