@@ -6,22 +6,18 @@ Triton's own compiler and ptxas (shipped with triton) build each kernel: the act
 naming an sm_90 device that is never used, and every launch becomes a compile-only warmup, so the specs' calls run
 their host code with kernels that do nothing (results are not looked at). Each spec runs forward and backward on
 the chunk kernels (lengths past one chunk) and forward without gradients on 5 tokens (the recurrent kernel), at
-the default configurations. Prints, per kernel, shared memory, warps, stages and what `cuobjdump -res-usage`
-reads from the binary: registers per thread and stack bytes (spills). tests/test_gpu_compile.py runs the same
-compilation over every spec.
+the default configurations. Prints, per kernel, shared memory, warps, stages, and the registers per thread and
+bytes spilled that ptxas reports. tests/test_gpu_compile.py runs the same compilation over every spec.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
-import subprocess
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton: kernels are compiled, not interpreted
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -65,19 +61,17 @@ def compile_only(on_kernel):
 
 
 def resources(kernel) -> dict[str, int]:
-    """Registers per thread and stack bytes of a compiled kernel, as cuobjdump reads them from its cubin."""
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    fields = dict(item.split(":") for line in text.splitlines() if "REG:" in line for item in line.split() if ":" in item)
-    return dict(registers=int(fields["REG"]), stack=int(fields["STACK"]))
+    """Registers per thread and bytes spilled of a compiled kernel, as ptxas -v reports them for its PTX
+    (bench/recurrent_registers.py's reading)."""
+    from recurrent_registers import registers
+
+    regs, spills = registers(kernel)
+    return dict(registers=regs, spills=spills)
 
 
 def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: bool = False) -> list[dict]:
     """One row per kernel each spec and dtype compiles (spec, dtype, kernel, shared, warps, stages[, registers,
-    stack]), or one row with the error that stopped a spec."""
+    spills]), or one row with the error that stopped a spec."""
     import lamixer
     from lamixer.check import forward_backward, random_call
 
@@ -118,7 +112,7 @@ def main():
     args = ap.parse_args()
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     seen = set()
-    print(f"{'kernel':<56} {'dtype':<9} {'warps':>5} {'stages':>6} {'shared':>7} {'regs':>4} {'stack':>5}")
+    print(f"{'kernel':<56} {'dtype':<9} {'warps':>5} {'stages':>6} {'shared':>7} {'regs':>4} {'spill':>5}")
     for row in compile_specs(args.specs.split(","), dtypes, args.T, args.D, with_resources=True):
         if "error" in row:
             print(f"{row['spec']} ({row['dtype']}): {row['error']}")
@@ -128,7 +122,7 @@ def main():
             seen.add(key)
             flag = "  over the shared-memory limit" if row["shared"] > SHARED_LIMIT else ""
             print(f"{row['kernel']:<56} {row['dtype']:<9} {row['warps']:>5} {row['stages']:>6} {row['shared']:>7} "
-                  f"{row['registers']:>4} {row['stack']:>5}{flag}")  # fmt: skip
+                  f"{row['registers']:>4} {row['spills']:>5}{flag}")  # fmt: skip
 
 
 if __name__ == "__main__":
