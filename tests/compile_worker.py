@@ -2,10 +2,11 @@
 (bench/sm90.py: Triton's compiler and ptxas behind a driver that names the target; tests/test_gpu_compile.py starts
 it in a process of its own, where no kernel module was imported for the interpreter).
 
-    python compile_worker.py RESULTS DTYPE SPEC [SPEC ...]
+    python compile_worker.py RESULTS DTYPE D SPEC [SPEC ...]
 
 RESULTS gets one row per compiled kernel (spec, dtype, kernel, shared memory in bytes, warps, stages) for inputs of
-DTYPE (bfloat16, float32), or the error that stopped a spec.
+DTYPE (bfloat16, float32) and head dims D, or the error that stopped a spec, and the limit a block's shared memory
+has.
 """
 import json
 import os
@@ -17,6 +18,6 @@ import sm90  # noqa: E402  (before triton: it unsets TRITON_INTERPRET)
 import torch  # noqa: E402
 
 if __name__ == "__main__":
-    rows = sm90.compile_specs(sys.argv[3:], (getattr(torch, sys.argv[2]),))
+    rows = sm90.compile_specs(sys.argv[4:], (getattr(torch, sys.argv[2]),), D=int(sys.argv[3]))
     with open(sys.argv[1], "w") as f:
-        json.dump(dict(rows=rows), f, indent=1)
+        json.dump(dict(rows=rows, shared_limit=sm90.SHARED_LIMIT), f, indent=1)
