@@ -6,8 +6,8 @@ Triton's own compiler and ptxas (shipped with triton) build each kernel: the act
 naming an sm_90 device that is never used, and every launch becomes a compile-only warmup, so the specs' calls run
 their host code with kernels that do nothing (results are not looked at). Each spec runs forward and backward on
 the chunk kernels (lengths past one chunk) and forward without gradients on 5 tokens (the recurrent kernel), at
-the default configurations. Prints, per kernel, shared memory, warps, stages, and the registers per thread and
-bytes spilled that ptxas reports. tests/test_gpu_compile.py runs the same compilation over every spec.
+the default configurations. Prints, per kernel, shared memory, warps, stages, the registers per thread and
+bytes spilled that ptxas reports, and the loads left synchronous in loops (sync: see loop_loads). tests/test_gpu_compile.py runs the same compilation over every spec.
 """
 from __future__ import annotations
 
@@ -69,6 +69,21 @@ def resources(kernel) -> dict[str, int]:
     return dict(registers=regs, spills=spills)
 
 
+def loop_loads(kernel) -> int:
+    """Loads left synchronous inside loops and branches of a compiled kernel: `tt.load`s nested below the function's
+    top level in its TTGIR whose results the loop does not carry to its next iteration. With stages > 1 Triton's
+    pipeliner turns a loop's loads into asynchronous copies or issues them an iteration ahead (carried); one it
+    leaves (e.g. a load that initialises a dot's accumulator) stalls every iteration on global memory."""
+    lines = kernel.asm["ttgir"].splitlines()
+    carried = " ".join(line for line in lines if "scf.yield" in line)
+    count = 0
+    for line in lines:
+        if " tt.load " in line and len(line) - len(line.lstrip()) > 4:
+            result = line.split("=", 1)[0].strip()
+            count += f"{result} " not in carried + " " and f"{result}," not in carried
+    return count
+
+
 def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: bool = False) -> list[dict]:
     """One row per kernel each spec and dtype compiles (spec, dtype, kernel, shared, warps, stages[, registers,
     spills]), or one row with the error that stopped a spec."""
@@ -80,7 +95,7 @@ def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: boo
 
     def record(fn, kernel):
         row = dict(where, kernel=fn.__name__, shared=kernel.metadata.shared, warps=kernel.metadata.num_warps,
-                   stages=kernel.metadata.num_stages)  # fmt: skip
+                   stages=kernel.metadata.num_stages, loop_loads=loop_loads(kernel))  # fmt: skip
         if with_resources:
             row.update(resources(kernel))
         rows.append(row)
@@ -112,7 +127,7 @@ def main():
     args = ap.parse_args()
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     seen = set()
-    print(f"{'kernel':<56} {'dtype':<9} {'warps':>5} {'stages':>6} {'shared':>7} {'regs':>4} {'spill':>5}")
+    print(f"{'kernel':<56} {'dtype':<9} {'warps':>5} {'stages':>6} {'shared':>7} {'regs':>4} {'spill':>5} {'sync':>4}")
     for row in compile_specs(args.specs.split(","), dtypes, args.T, args.D, with_resources=True):
         if "error" in row:
             print(f"{row['spec']} ({row['dtype']}): {row['error']}")
@@ -122,7 +137,7 @@ def main():
             seen.add(key)
             flag = "  over the shared-memory limit" if row["shared"] > SHARED_LIMIT else ""
             print(f"{row['kernel']:<56} {row['dtype']:<9} {row['warps']:>5} {row['stages']:>6} {row['shared']:>7} "
-                  f"{row['registers']:>4} {row['spills']:>5}{flag}")  # fmt: skip
+                  f"{row['registers']:>4} {row['spills']:>5} {row['loop_loads']:>4}{flag}")  # fmt: skip
 
 
 if __name__ == "__main__":

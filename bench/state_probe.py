@@ -1,16 +1,17 @@
 """An experiment on the sequential state passes (no decay, bf16, K = V = 128): the generated kernels, which hold the
-state as 64-row key blocks read through block pointers, against the form the templates had before (one [K, BV]
-state, per-element int64 offsets: offsets_whole, additive_offsets_whole) and, for the delta rule's state pass,
-each of the two changes alone (state_block_pointers: block pointers, K whole; state_halves_offsets: two key
-blocks, offsets), over value blocks, warps and stages.
+state as 64-row key blocks addressed by int32 offsets (templates/state_blocks.jinja), against an older form (one
+[K, BV] state, per-element int64 offsets: offsets_whole, additive_offsets_whole) and, for the delta rule's state
+pass, two variants (state_block_pointers: block pointers, K whole; state_halves_offsets: two key blocks, offsets,
+U0 added after the products), over value blocks, warps and stages.
 
     python bench/state_probe.py [--T 8192]
 
-state_probe_s4.json in bench/results/h200_2026-11-29 is the run that chose the form (its "halves" is now the
-template's; its "generated" the old form, 477 us at the default launch against 216). Each delta variant computes,
-per (value block, sequence x head), the state entering every chunk (h) and U = U0 + W S0 (u); each additive one
-the states entering the chunks; results are compared with the generated kernel's at its default launch. Times in
-microseconds (triton do_bench, median). Writes $OUT (or bench/results)/state_probe.json. Under TRITON_INTERPRET=1
+state_probe_s4.json in bench/results/h200_2026-11-29 is the run that chose the form (its "generated" the old
+form, 477 us at the default launch against 216 for "halves"); state_probe_s5_*.json the runs that found a template
+in that form still at 325, as its U0 load initialised the products' accumulator (bench/sm90.py's sync column).
+Each delta variant computes, per (value block, sequence x head), the state entering every chunk (h) and
+U = U0 + W S0 (u); each additive one the states entering the chunks; results are compared with the generated
+kernel's at its default launch. Times in microseconds (triton do_bench, median). Writes $OUT (or bench/results)/state_probe.json. Under TRITON_INTERPRET=1
 it only checks, at a small shape.
 """
 from __future__ import annotations

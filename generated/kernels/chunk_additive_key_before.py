@@ -12,7 +12,7 @@ def chunk_additive_key_before_float32_state_fwd(
 ):
     """hs[c] = the state entering chunk c [K, V]; ht = the final state. One program per (value block,
     sequence x head) walks the chunks: S <- exp(B_last) S + (a exp(B_last - B))^T b, the state as up to four
-    key blocks of BK rows (K <= 4 BK), every tile through a block pointer off the sequence's first row."""
+    key blocks of BK rows (K <= 4 BK), tiles through int32 offsets (templates/state_blocks.jinja)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -24,6 +24,12 @@ def chunk_additive_key_before_float32_state_fwd(
         L = T
         boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
     o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    s_kv = o_k[:, None] * V + o_v[None, :]
+    s_tk = o_t[:, None] * (H * K) + o_k[None, :]
+    s_tv = o_t[:, None] * (H * V) + o_v[None, :]
     row0 = bos * H + i_h  # the sequence's first token, this head: rows of a, b, g are H apart
     a += row0 * K
     b += row0 * V
@@ -32,56 +38,58 @@ def chunk_additive_key_before_float32_state_fwd(
     b_h1 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h2 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h3 = tl.zeros([BK, BV], dtype=tl.float32)
-    b_h0 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    b_h0 = tl.load(p_h0 + s_kv, mask=(o_k < K)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 1 * BK:
-        b_h1 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+        b_h1 = tl.load(p_h0 + 1 * BK * V + s_kv, mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 2 * BK:
-        b_h2 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+        b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 3 * BK:
-        b_h3 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-    for i_t in range(0, tl.cdiv(L, BT).to(tl.int32)):  # int32 chunk offsets, as block pointers take them
+        b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    for i_t in range(0, tl.cdiv(L, BT)):
+        r = tl.cast(i_t * BT, tl.int64) * H
+        m_t = i_t * BT + o_t < L
         p_hs = hs + ((boc + i_t) * H + i_h) * K * V
-        b_b = tl.load(tl.make_block_ptr(b, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BV]
-        tl.store(tl.make_block_ptr(p_hs, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(hs.dtype.element_ty), boundary_check=(0, 1))
-        b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (0, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
-        b_gT = tl.load(tl.make_block_ptr(g, (K, L), (1, H * K), (0, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BK, BT]
+        b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
+        b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
+        b_gT = tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         b_E = b_B - b_gT
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
         b_h0 = b_h0 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if K > 1 * BK:
-            tl.store(tl.make_block_ptr(p_hs, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(hs.dtype.element_ty), boundary_check=(0, 1))
-            b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (1 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
-            b_gT = tl.load(tl.make_block_ptr(g, (K, L), (1, H * K), (1 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BK, BT]
+            tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
+            b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
+            b_gT = tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h1 = b_h1 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if K > 2 * BK:
-            tl.store(tl.make_block_ptr(p_hs, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(hs.dtype.element_ty), boundary_check=(0, 1))
-            b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (2 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
-            b_gT = tl.load(tl.make_block_ptr(g, (K, L), (1, H * K), (2 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BK, BT]
+            tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
+            b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
+            b_gT = tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h2 = b_h2 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if K > 3 * BK:
-            tl.store(tl.make_block_ptr(p_hs, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(hs.dtype.element_ty), boundary_check=(0, 1))
-            b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (3 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
-            b_gT = tl.load(tl.make_block_ptr(g, (K, L), (1, H * K), (3 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BK, BT]
+            tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
+            b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
+            b_gT = tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h3 = b_h3 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
-        tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(ht.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         if K > 1 * BK:
-            tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(ht.dtype.element_ty), boundary_check=(0, 1))
+            tl.store(p_ht + 1 * BK * V + s_kv, b_h1.to(ht.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
         if K > 2 * BK:
-            tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(ht.dtype.element_ty), boundary_check=(0, 1))
+            tl.store(p_ht + 2 * BK * V + s_kv, b_h2.to(ht.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
         if K > 3 * BK:
-            tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(ht.dtype.element_ty), boundary_check=(0, 1))
+            tl.store(p_ht + 3 * BK * V + s_kv, b_h3.to(ht.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
 
 
 
@@ -223,7 +231,7 @@ def chunk_additive_key_before_float32_state_bwd(
 ):
     """dhs[c] = dL/dS leaving chunk c; dh0 = dL/dS entering the first. One program per (value block,
     sequence x head) walks the chunks backwards: dS <- exp(B_last) dS + (q exp(E))^T do, dS as up to four key
-    blocks of BK rows, every tile through a block pointer off the sequence's first row."""
+    blocks of BK rows, tiles through int32 offsets (templates/state_blocks.jinja)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -235,6 +243,12 @@ def chunk_additive_key_before_float32_state_bwd(
         L = T
         boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
     o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    s_kv = o_k[:, None] * V + o_v[None, :]
+    s_tk = o_t[:, None] * (H * K) + o_k[None, :]
+    s_tv = o_t[:, None] * (H * V) + o_v[None, :]
     row0 = bos * H + i_h  # the sequence's first token, this head: rows of q, do, g are H apart
     q += row0 * K
     do += row0 * V
@@ -243,65 +257,67 @@ def chunk_additive_key_before_float32_state_bwd(
     b_h1 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h2 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h3 = tl.zeros([BK, BV], dtype=tl.float32)
-    b_h0 = tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    b_h0 = tl.load(p_dht + s_kv, mask=(o_k < K)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 1 * BK:
-        b_h1 = tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+        b_h1 = tl.load(p_dht + 1 * BK * V + s_kv, mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 2 * BK:
-        b_h2 = tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+        b_h2 = tl.load(p_dht + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 3 * BK:
-        b_h3 = tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-    NT = tl.cdiv(L, BT).to(tl.int32)  # int32 chunk offsets, as block pointers take them
+        b_h3 = tl.load(p_dht + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    NT = tl.cdiv(L, BT)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
+        r = tl.cast(i_t * BT, tl.int64) * H
+        m_t = i_t * BT + o_t < L
         p_dhs = dhs + ((boc + i_t) * H + i_h) * K * V
-        b_do = tl.load(tl.make_block_ptr(do, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BV]
-        tl.store(tl.make_block_ptr(p_dhs, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dhs.dtype.element_ty), boundary_check=(0, 1))
-        b_qT = tl.load(tl.make_block_ptr(q, (K, L), (1, H * K), (0, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+        b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        tl.store(p_dhs + s_kv, b_h0.to(dhs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
+        b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         if USE_QS:
             b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_gT = tl.load(tl.make_block_ptr(g, (K, L), (1, H * K), (0, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BK, BT]
+        b_gT = tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         b_E = b_B - b_gT
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
         b_h0 = b_h0 * tl.exp(b_last)[:, None] + tl.dot((b_qT * tl.exp(b_E)).to(b_do.dtype), b_do, input_precision=PRECISION)
         if K > 1 * BK:
-            tl.store(tl.make_block_ptr(p_dhs, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(dhs.dtype.element_ty), boundary_check=(0, 1))
-            b_qT = tl.load(tl.make_block_ptr(q, (K, L), (1, H * K), (1 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            tl.store(p_dhs + 1 * BK * V + s_kv, b_h1.to(dhs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
+            b_qT = tl.trans(tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.load(tl.make_block_ptr(g, (K, L), (1, H * K), (1 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BK, BT]
+            b_gT = tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h1 = b_h1 * tl.exp(b_last)[:, None] + tl.dot((b_qT * tl.exp(b_E)).to(b_do.dtype), b_do, input_precision=PRECISION)
         if K > 2 * BK:
-            tl.store(tl.make_block_ptr(p_dhs, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dhs.dtype.element_ty), boundary_check=(0, 1))
-            b_qT = tl.load(tl.make_block_ptr(q, (K, L), (1, H * K), (2 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            tl.store(p_dhs + 2 * BK * V + s_kv, b_h2.to(dhs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
+            b_qT = tl.trans(tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.load(tl.make_block_ptr(g, (K, L), (1, H * K), (2 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BK, BT]
+            b_gT = tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h2 = b_h2 * tl.exp(b_last)[:, None] + tl.dot((b_qT * tl.exp(b_E)).to(b_do.dtype), b_do, input_precision=PRECISION)
         if K > 3 * BK:
-            tl.store(tl.make_block_ptr(p_dhs, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dhs.dtype.element_ty), boundary_check=(0, 1))
-            b_qT = tl.load(tl.make_block_ptr(q, (K, L), (1, H * K), (3 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            tl.store(p_dhs + 3 * BK * V + s_kv, b_h3.to(dhs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
+            b_qT = tl.trans(tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.load(tl.make_block_ptr(g, (K, L), (1, H * K), (3 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BK, BT]
+            b_gT = tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h3 = b_h3 * tl.exp(b_last)[:, None] + tl.dot((b_qT * tl.exp(b_E)).to(b_do.dtype), b_do, input_precision=PRECISION)
     p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
-    tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dh0 + s_kv, b_h0.to(dh0.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
     if K > 1 * BK:
-        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_dh0 + 1 * BK * V + s_kv, b_h1.to(dh0.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
     if K > 2 * BK:
-        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_dh0 + 2 * BK * V + s_kv, b_h2.to(dh0.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
     if K > 3 * BK:
-        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_dh0 + 3 * BK * V + s_kv, b_h3.to(dh0.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])

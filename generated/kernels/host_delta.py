@@ -1,7 +1,7 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton_delta.py: FAMILY, default_config, state_stages, _forward, delta_scan,
+from lamixer/backends/triton_delta.py: FAMILY, default_config, _forward, delta_scan,
 delta_scan_backward, _key_grads, _setup_context, _backward, triton_delta_scan.
 What comes before the copies is this file's own: tb is host.py, as lamixer's triton backend is to
 its delta rule; scan_config gives every call the default configuration (lamixer's tuned ones live in
@@ -25,17 +25,6 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
 
 
 FAMILY = "scan_delta"
-
-
-def state_stages(work: torch.dtype, K: int) -> int:
-    """The sequential passes' pipeline stages, whatever the configuration's: their block-pointer loads need them (H200,
-    bf16 intermediates, K = V = 128, 64-wide value blocks, 4 warps: 216 us at 3 stages, 313 at 2, 632 at 1;
-    bench/state_probe.py). Float32 intermediates (under a decay, or float32 inputs) take 2, and 1 for K > 128: more
-    would not fit a block's shared memory (the reverse pass of float32 deltanet: 327680 bytes of 232448 at K = 128
-    and 3 stages, 245760 at K = 256 and 2; compiled for sm_90 by bench/sm90.py)."""
-    if work.itemsize == 2:
-        return 3
-    return 2 if K <= 128 else 1
 
 
 def default_config(decay: str, K: int, V: int) -> Config:
@@ -79,7 +68,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BV), N * H)](
         a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=tb.state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
-        **dict(shapes, num_stages=state_stages(work, K)),
+        **dict(shapes, num_stages=tb.state_stages(work, K)),
     )  # fmt: skip
     return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
@@ -135,7 +124,7 @@ def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tenso
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
         q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, offsets, T, NS, N * NS * H * K,
-        P=tb.SEGMENT, USE_DHT=True, **dict(common, BK=tb.state_key_block(K), num_stages=state_stages(w.dtype, K)),
+        P=tb.SEGMENT, USE_DHT=True, **dict(common, BK=tb.state_key_block(K), num_stages=tb.state_stages(w.dtype, K)),
     )  # fmt: skip
     grad = acc if g is not None else q.dtype  # kept precise under a decay: d(log decay) is built from dq, da, dc
     dq = torch.empty(*q.shape, dtype=grad, device=q.device)

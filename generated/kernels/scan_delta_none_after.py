@@ -95,8 +95,7 @@ def scan_delta_none_after_float32_state_kernel(
 ):
     """The sequential pass: the state entering every chunk into h [chunks, H, K, V], U = U0 + W S0 into u,
     the final state into ht. One program per (value block, sequence x head), the state as key blocks of BK rows
-    (K <= 4 BK), every tile through a block pointer off the sequence's first row (as measured on the H200, bf16,
-    no decay, K = V = 128: 216 us against 477 with one [K, BV] state and per-element offsets; bench/state_probe.py)."""
+    (K <= 4 BK), tiles through int32 offsets (templates/state_blocks.jinja)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -109,6 +108,12 @@ def scan_delta_none_after_float32_state_kernel(
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     L = eos - bos
     o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    s_kv = o_k[:, None] * V + o_v[None, :]
+    s_tk = o_t[:, None] * (H * K) + o_k[None, :]
+    s_tv = o_t[:, None] * (H * V) + o_v[None, :]
     row0 = bos * H + i_h  # the sequence's first token, this head: rows of a, w, u are H apart
     a += row0 * K
     w += row0 * K
@@ -118,54 +123,55 @@ def scan_delta_none_after_float32_state_kernel(
     b_h1 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h2 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h3 = tl.zeros([BK, BV], dtype=tl.float32)
-    b_h0 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    b_h0 = tl.load(p_h0 + s_kv, mask=(o_k < K)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 1 * BK:
-        b_h1 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+        b_h1 = tl.load(p_h0 + 1 * BK * V + s_kv, mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 2 * BK:
-        b_h2 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+        b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 3 * BK:
-        b_h3 = tl.load(tl.make_block_ptr(p_h0, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-    for i_t in range(0, tl.cdiv(L, BT).to(tl.int32)):  # int32 chunk offsets, as block pointers take them
+        b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    for i_t in range(0, tl.cdiv(L, BT)):
+        r = tl.cast(i_t * BT, tl.int64) * H
+        m_t = i_t * BT + o_t < L
         p_h = h + ((c0 + i_t) * H + i_h) * K * V
-        p_u0 = tl.make_block_ptr(u0, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_u = tl.load(p_u0, boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BT, BV]
-        tl.store(tl.make_block_ptr(p_h, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(h.dtype.element_ty), boundary_check=(0, 1))
-        b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-        b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        tl.store(p_h + s_kv, b_h0.to(h.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
+        b_w = tl.load(w + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
+        b_u = tl.dot((b_w).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 1 * BK:
-            tl.store(tl.make_block_ptr(p_h, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(h.dtype.element_ty), boundary_check=(0, 1))
-            b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(p_h + 1 * BK * V + s_kv, b_h1.to(h.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
+            b_w = tl.load(w + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)  # [BT, BK]
+            b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 2 * BK:
-            tl.store(tl.make_block_ptr(p_h, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(h.dtype.element_ty), boundary_check=(0, 1))
-            b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(p_h + 2 * BK * V + s_kv, b_h2.to(h.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
+            b_w = tl.load(w + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)  # [BT, BK]
+            b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 3 * BK:
-            tl.store(tl.make_block_ptr(p_h, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(h.dtype.element_ty), boundary_check=(0, 1))
-            b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-        p_u = tl.make_block_ptr(u, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        tl.store(p_u, b_u.to(u.dtype.element_ty), boundary_check=(0, 1))
-        b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (0, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            tl.store(p_h + 3 * BK * V + s_kv, b_h3.to(h.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
+            b_w = tl.load(w + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)  # [BT, BK]
+            b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
+        # U0 added after the products: a load that initialised their accumulator would not be pipelined
+        b_u += tl.load(u0 + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        tl.store(u + r * V + s_tv, b_u.to(u.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         b_h0 += tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 1 * BK:
-            b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (1 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             b_h1 += tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 2 * BK:
-            b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (2 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             b_h2 += tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 3 * BK:
-            b_aT = tl.load(tl.make_block_ptr(a, (K, L), (1, H * K), (3 * BK, i_t * BT), (BK, BT), (0, 1)), boundary_check=(0, 1), padding_option="zero")  # [BK, BT]
+            b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             b_h3 += tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
-        tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(ht.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         if K > 1 * BK:
-            tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(ht.dtype.element_ty), boundary_check=(0, 1))
+            tl.store(p_ht + 1 * BK * V + s_kv, b_h1.to(ht.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
         if K > 2 * BK:
-            tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(ht.dtype.element_ty), boundary_check=(0, 1))
+            tl.store(p_ht + 2 * BK * V + s_kv, b_h2.to(ht.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
         if K > 3 * BK:
-            tl.store(tl.make_block_ptr(p_ht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(ht.dtype.element_ty), boundary_check=(0, 1))
+            tl.store(p_ht + 3 * BK * V + s_kv, b_h3.to(ht.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -268,7 +274,7 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
     """The reverse state pass: dS at every chunk end into dh [chunks, H, K, V], dU = A^T dO + (a e^{B_last - B}) dS_end
     into du (in place), dh0. At every segment end of P tokens it also writes sum_v dS * S (partial over this value
     block) to dgs [NV, N, NS, H, K]. One program per (value block, sequence x head), dS as up to four key blocks
-    b_h0 .. b_h3 of BK rows (K <= 4 BK), every tile through a block pointer off the sequence's first row."""
+    b_h0 .. b_h3 of BK rows (K <= 4 BK), tiles through int32 offsets (templates/state_blocks.jinja)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -281,6 +287,12 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     L = eos - bos
     o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    s_kv = o_k[:, None] * V + o_v[None, :]
+    s_tk = o_t[:, None] * (H * K) + o_k[None, :]
+    s_tv = o_t[:, None] * (H * V) + o_v[None, :]
     row0 = bos * H + i_h  # the sequence's first token, this head: rows of q, a, w, do, du are H apart
     q += row0 * K
     a += row0 * K
@@ -293,75 +305,75 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
     b_h3 = tl.zeros([BK, BV], dtype=tl.float32)  # dL/dS at the end of the current chunk, key block 3
     if USE_DHT:
         p_dht = dht + i_nh.to(tl.int64) * K * V
-        b_h0 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+        b_h0 += tl.load(p_dht + s_kv, mask=(o_k < K)[:, None] & m_v[None, :], other=0.).to(tl.float32)
         if K > 1 * BK:
-            b_h1 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+            b_h1 += tl.load(p_dht + 1 * BK * V + s_kv, mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
         if K > 2 * BK:
-            b_h2 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+            b_h2 += tl.load(p_dht + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
         if K > 3 * BK:
-            b_h3 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-    NT = tl.cdiv(L, BT).to(tl.int32)  # int32 chunk offsets, as block pointers take them
+            b_h3 += tl.load(p_dht + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    NT = tl.cdiv(L, BT)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
+        r = tl.cast(i_t * BT, tl.int64) * H
+        m_t = i_t * BT + o_t < L
         p_dh = dh + ((c0 + i_t) * H + i_h) * K * V
-        tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_dh + s_kv, b_h0.to(dh.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         if K > 1 * BK:
-            tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(dh.dtype.element_ty), boundary_check=(0, 1))
+            tl.store(p_dh + 1 * BK * V + s_kv, b_h1.to(dh.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
         if K > 2 * BK:
-            tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh.dtype.element_ty), boundary_check=(0, 1))
+            tl.store(p_dh + 2 * BK * V + s_kv, b_h2.to(dh.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
         if K > 3 * BK:
-            tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh.dtype.element_ty), boundary_check=(0, 1))
-        p_du = tl.make_block_ptr(du, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_du = tl.load(p_du, boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BT, BV]
-        b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-        b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(p_dh + 3 * BK * V + s_kv, b_h3.to(dh.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
+        b_a = tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
+        b_du = tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 1 * BK:
-            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_a = tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)  # [BT, BK]
+            b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 2 * BK:
-            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_a = tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)  # [BT, BK]
+            b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 3 * BK:
-            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-        tl.store(p_du, b_du.to(du.dtype.element_ty), boundary_check=(0, 1))
-        p_do = tl.make_block_ptr(do, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
-        b_do = tl.load(p_do, boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BT, BV]
-        b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            b_a = tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)  # [BT, BK]
+            b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
+        b_du += tl.load(du + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)  # A^T dO, added after the products (see the state pass)
+        tl.store(du + r * V + s_tv, b_du.to(du.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)  # [BT, BV]
+        b_q = tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+        b_w = tl.load(w + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
         b_h0 += tl.dot((tl.trans(b_q.to(tl.float32))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_h0 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 1 * BK:
-            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            b_q = tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            b_w = tl.load(w + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)  # [BT, BK]
             b_h1 += tl.dot((tl.trans(b_q.to(tl.float32))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             b_h1 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 2 * BK:
-            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            b_q = tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            b_w = tl.load(w + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)  # [BT, BK]
             b_h2 += tl.dot((tl.trans(b_q.to(tl.float32))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             b_h2 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 3 * BK:
-            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            b_q = tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            b_w = tl.load(w + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)  # [BT, BK]
             b_h3 += tl.dot((tl.trans(b_q.to(tl.float32))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             b_h3 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
-    tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+    tl.store(p_dh0 + s_kv, b_h0.to(dh0.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
     if K > 1 * BK:
-        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_dh0 + 1 * BK * V + s_kv, b_h1.to(dh0.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
     if K > 2 * BK:
-        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_dh0 + 2 * BK * V + s_kv, b_h2.to(dh0.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
     if K > 3 * BK:
-        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh0.dtype.element_ty), boundary_check=(0, 1))
+        tl.store(p_dh0 + 3 * BK * V + s_kv, b_h3.to(dh0.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])

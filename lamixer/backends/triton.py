@@ -273,7 +273,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H)](
-            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=c.num_stages,
+            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=state_stages(a.dtype, K),
             **dict(common, BK=state_key_block(K)),
         )  # fmt: skip
     if NC * H:
@@ -320,7 +320,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H)](
-            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=c.num_stages,
+            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=state_stages(q.dtype, K),
             **dict(common, BK=state_key_block(K)),
         )  # fmt: skip
     if NC * H == 0:
@@ -421,6 +421,18 @@ def state_key_block(K: int) -> int:
     """The key block of the sequential state passes (chunk_additive's walks, scan_delta's state pass): the state as
     at most four [BK, BV] blocks (K <= 256)."""
     return min(64, _pow2(K))
+
+
+def state_stages(work: torch.dtype, K: int) -> int:
+    """The sequential state passes' pipeline stages, whatever the configuration's (H200, K = V = 128, bf16, 4 warps,
+    bench/state_probe.py: the delta state pass in the form of templates/state_blocks.jinja 216 us at 3 stages, 313
+    at 2, 632 at 1; chunk_additive's walk 159 / 215 / 388 with 32-wide value blocks). Intermediates of 4 bytes (a
+    decayed delta rule, float32 inputs) take 2, and 1 for K > 128: more would not fit a block's shared memory (the
+    reverse pass of float32 deltanet: 327680 bytes of 232448 at K = 128 and 3 stages, 245760 at K = 256 and 2;
+    compiled for sm_90 by bench/sm90.py)."""
+    if work.itemsize == 2:
+        return 3
+    return 2 if K <= 128 else 1
 
 
 def _acc_precision(acc: torch.dtype) -> str:
