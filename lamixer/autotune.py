@@ -59,7 +59,12 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # one, the gradient kernel takes 32-wide value blocks on 8 warps and the output kernel 64-wide on 4: measured
     # on the H200 (simple_gla, K = V = 128, bf16) grads 1285 -> 1136 us, while the output kernel at the gradient
     # kernel's setting went 307 -> 733 us
-    if decay == "key" or K > 128:
+    # Above K = 128 the chunk-parallel kernels' tiles outgrow an H200 block's shared memory (232448 bytes) at 64-token
+    # chunks and two stages (grads_bwd: 245760 bytes at bf16, 311296 to 393216 at float32; bench/sm90.py --D 256):
+    # 32-token chunks, one stage, 32-wide value blocks in the gradient kernel (at most 176128)
+    if K > 128:
+        return Config(32, min(64, _pow2(V)), _pow2(K), 8, 1, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
+    if decay == "key":
         return Config(64, min(64, _pow2(V)), _pow2(K), 8, 2, 0, min(32, _pow2(V)))
     return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 

@@ -5,7 +5,8 @@ launches turned into compile-only warmups).
 The interpreter the other tests run kernels under does not compile them: a kernel it runs correctly can still be
 refused by the compiler (a block pointer given a 64-bit offset: the loop over chunks took its bound's int64 type)
 or by the hardware (more shared memory than a block may have: the delta rule's reverse pass at three stages on
-float32 inputs, 327680 bytes; at two stages and head dims of 256, 245760)."""
+float32 inputs, 327680 bytes; at head dims of 256, 245760 at two stages on float32 and three on bf16;
+chunk_additive's gradient kernel at head dims of 256 and 64-token chunks, 245760 to 393216)."""
 import json
 import os
 import subprocess
@@ -22,11 +23,8 @@ def test_every_kernel_compiles_for_the_h200(tmp_path, example_specs):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # compiled here, not found in an earlier run's cache
     env["LAMIXER_CACHE"] = str(tmp_path / "lamixer")  # the default configurations, no tuned ones
-    delta = [str(Path(lamixer.__file__).parent / "specs" / f"{n}.lam") for n in ("deltanet", "gated_deltanet")]
-    delta.append(next(s for s in example_specs if s.endswith("gated_delta_vector.lam")))
-    # every spec at the benchmark's head dims in both dtypes; the delta rule's sequential passes, whose pipeline
-    # stages depend on the head dim, also at the widest (256) in float32, where their tiles are largest
-    runs = {"bfloat16": ("128", specs), "float32": ("128", specs), "float32 256": ("256", delta)}
+    # every spec at the benchmark's head dims and at the widest (256, where tiles are largest and the defaults change)
+    runs = {f"{dtype} {D}": (D, specs) for dtype in ("bfloat16", "float32") for D in ("128", "256")}
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in runs}
     procs = {name: subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / f"{name}.json"), name.split()[0], D, *which],
                                     env=env, stdout=logs[name], stderr=subprocess.STDOUT) for name, (D, which) in runs.items()}  # fmt: skip

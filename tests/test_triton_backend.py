@@ -136,6 +136,16 @@ def test_half_inputs_and_a_float32_gate(dtype):
     assert rel_rms(o, ref) < 1e-2 and rel_rms(S, S_ref) < 1e-3
 
 
+@pytest.mark.parametrize("name", ["linear_attn", "simple_gla", "gla"])
+def test_head_dims_above_128(name):
+    """Wide heads take their own default configuration (32-token chunks, one stage: the 64-token one needs more shared
+    memory than an H200 block has, tests/test_gpu_compile.py) and four key blocks in the walks (K = 200: the last
+    one partial)."""
+    m = lamixer.load(name)
+    tensors, states = random_call(m, B=1, T=70, H=1, size=200, gate="strong", seed=5)
+    _assert_close(compare(m, "triton", tensors, states, seed=5), f"{name} K = 200")
+
+
 def test_head_dims_above_the_kernels_limit_are_refused_or_fall_back():
     m = lamixer.load("simple_gla")
     tensors, _ = random_call(m, T=3, H=1, size=300, seed=0, initial_state=False)

@@ -372,12 +372,11 @@ def state_stages(work: torch.dtype, K: int) -> int:
     """The sequential state passes' pipeline stages, whatever the configuration's (H200, K = V = 128, bf16, 4 warps,
     bench/state_probe.py: the delta state pass in the form of templates/state_blocks.jinja 216 us at 3 stages, 313
     at 2, 632 at 1; chunk_additive's walk 159 / 215 / 388 with 32-wide value blocks). Intermediates of 4 bytes (a
-    decayed delta rule, float32 inputs) take 2, and 1 for K > 128: more would not fit a block's shared memory (the
-    reverse pass of float32 deltanet: 327680 bytes of 232448 at K = 128 and 3 stages, 245760 at K = 256 and 2;
-    compiled for sm_90 by bench/sm90.py)."""
-    if work.itemsize == 2:
-        return 3
-    return 2 if K <= 128 else 1
+    decayed delta rule, float32 inputs) take 2; above K = 128 both take one fewer: more would not fit a block's
+    shared memory (the reverse pass of deltanet: float32 327680 bytes of 232448 at K = 128 and 3 stages, 245760 at
+    K = 256 and 2; bf16 245760 at K = 256 and 3; compiled for sm_90 by bench/sm90.py)."""
+    stages = 3 if work.itemsize == 2 else 2
+    return stages if K <= 128 else stages - 1
 
 
 def _acc_precision(acc: torch.dtype) -> str:
@@ -504,7 +503,12 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # one, the gradient kernel takes 32-wide value blocks on 8 warps and the output kernel 64-wide on 4: measured
     # on the H200 (simple_gla, K = V = 128, bf16) grads 1285 -> 1136 us, while the output kernel at the gradient
     # kernel's setting went 307 -> 733 us
-    if decay == "key" or K > 128:
+    # Above K = 128 the chunk-parallel kernels' tiles outgrow an H200 block's shared memory (232448 bytes) at 64-token
+    # chunks and two stages (grads_bwd: 245760 bytes at bf16, 311296 to 393216 at float32; bench/sm90.py --D 256):
+    # 32-token chunks, one stage, 32-wide value blocks in the gradient kernel (at most 176128)
+    if K > 128:
+        return Config(32, min(64, _pow2(V)), _pow2(K), 8, 1, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
+    if decay == "key":
         return Config(64, min(64, _pow2(V)), _pow2(K), 8, 2, 0, min(32, _pow2(V)))
     return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
