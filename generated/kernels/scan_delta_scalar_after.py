@@ -297,7 +297,8 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
     """The reverse state pass: dS at every chunk end into dh [chunks, H, K, V], dU = A^T dO + (a e^{B_last - B}) dS_end
     into du (in place), dh0. At every segment end of P tokens it also writes sum_v dS * S (partial over this value
     block) to dgs [NV, N, NS, H, K]. One program per (value block, sequence x head), dS as up to four key blocks
-    b_h0 .. b_h3 of BK rows (K <= 4 BK), tiles through int32 offsets (templates/state_blocks.jinja)."""
+    b_h0 .. b_h3 of BK rows (K <= 4 BK), tiles through block pointers off the sequence's first row (the pass
+    holds the most registers; templates/state_blocks.jinja)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -311,11 +312,6 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
     L = eos - bos
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
-    s_kv = o_k[:, None] * V + o_v[None, :]
-    s_tk = o_t[:, None] * (H * K) + o_k[None, :]
-    s_tv = o_t[:, None] * (H * V) + o_v[None, :]
     row0 = bos * H + i_h  # the sequence's first token, this head: rows of q, a, w, do, du are H apart
     q += row0 * K
     a += row0 * K
@@ -328,44 +324,42 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
     b_h3 = tl.zeros([BK, BV], dtype=tl.float32)  # dL/dS at the end of the current chunk, key block 3
     if USE_DHT:
         p_dht = dht + i_nh.to(tl.int64) * K * V
-        b_h0 += tl.load(p_dht + s_kv, mask=(o_k < K)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_h0 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
         if K > 1 * BK:
-            b_h1 += tl.load(p_dht + 1 * BK * V + s_kv, mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+            b_h1 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
         if K > 2 * BK:
-            b_h2 += tl.load(p_dht + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+            b_h2 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
         if K > 3 * BK:
-            b_h3 += tl.load(p_dht + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    NT = tl.cdiv(L, BT)
+            b_h3 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+    NT = tl.cdiv(L, BT).to(tl.int32)  # int32 chunk offsets, as block pointers take them
     o_last = (NT - 1) * BT + o_t  # the last chunk's rows (negative for an empty sequence)
     b_gn = tl.load(g + (bos + o_last) * H + i_h, mask=(o_last >= 0) & (o_last < L), other=0.)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
-        r = tl.cast(i_t * BT, tl.int64) * H
-        m_t = i_t * BT + o_t < L
         p_dh = dh + ((c0 + i_t) * H + i_h) * K * V
-        tl.store(p_dh + s_kv, b_h0.to(dh.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
+        tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 1 * BK:
-            tl.store(p_dh + 1 * BK * V + s_kv, b_h1.to(dh.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
+            tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 2 * BK:
-            tl.store(p_dh + 2 * BK * V + s_kv, b_h2.to(dh.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
+            tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 3 * BK:
-            tl.store(p_dh + 3 * BK * V + s_kv, b_h3.to(dh.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
+            tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if ((i_t + 1) * BT) % P == 0 or (i_t + 1) * BT >= L:  # a segment's end: its whole-decay term
             if (i_t + 1) * BT >= L:
                 p_end = ht + i_nh.to(tl.int64) * K * V
             else:
                 p_end = h + ((c0 + i_t + 1) * H + i_h) * K * V
             p_dgs = dgs + i_v.to(tl.int64) * dgs_block_stride + ((i_n.to(tl.int64) * NS + (i_t * BT) // P) * H + i_h) * K
-            b_end = tl.load(p_end + s_kv, mask=(o_k < K)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+            b_end = tl.load(tl.make_block_ptr(p_end, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
             tl.store(p_dgs + 0 + o_k, tl.sum(b_h0 * b_end, axis=1), mask=(o_k < K))
             if K > 1 * BK:
-                b_end = tl.load(p_end + 1 * BK * V + s_kv, mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+                b_end = tl.load(tl.make_block_ptr(p_end, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
                 tl.store(p_dgs + 1 * BK + o_k, tl.sum(b_h1 * b_end, axis=1), mask=(o_k < K - 1 * BK))
             if K > 2 * BK:
-                b_end = tl.load(p_end + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+                b_end = tl.load(tl.make_block_ptr(p_end, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
                 tl.store(p_dgs + 2 * BK + o_k, tl.sum(b_h2 * b_end, axis=1), mask=(o_k < K - 2 * BK))
             if K > 3 * BK:
-                b_end = tl.load(p_end + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+                b_end = tl.load(tl.make_block_ptr(p_end, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
                 tl.store(p_dgs + 3 * BK + o_k, tl.sum(b_h3 * b_end, axis=1), mask=(o_k < K - 3 * BK))
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t - 1) * BT + o_t) * H + i_h, mask=(i_t - 1) * BT + o_t >= 0, other=0.)
@@ -374,59 +368,61 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)
         b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
-        b_a = tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
+        b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
         b_du = tl.dot(((b_a * tl.exp(b_R)[:, None])).to(tl.float32), (b_h0).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 1 * BK:
-            b_a = tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)  # [BT, BK]
+            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(tl.float32), (b_h1).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 2 * BK:
-            b_a = tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)  # [BT, BK]
+            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(tl.float32), (b_h2).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 3 * BK:
-            b_a = tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)  # [BT, BK]
+            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(tl.float32), (b_h3).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
-        b_du += tl.load(du + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)  # A^T dO, added after the products (see the state pass)
-        tl.store(du + r * V + s_tv, b_du.to(du.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)  # [BT, BV]
-        b_q = tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
+        # A^T dO added after the products: a load that initialised their accumulator would not be pipelined
+        p_du = tl.make_block_ptr(du, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
+        b_du += tl.load(p_du, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        tl.store(p_du, b_du.to(du.dtype.element_ty), boundary_check=(0, 1))
+        b_do = tl.load(tl.make_block_ptr(do, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BT, BV]
+        b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_w = tl.load(w + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
+        b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
         b_h0 = b_h0 * tl.exp(b_last)
         b_h0 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(tl.float32), (b_do).to(tl.float32), input_precision=ACC_PRECISION)
         b_h0 += tl.dot((tl.trans(b_w)).to(tl.float32), (b_du).to(tl.float32), input_precision=ACC_PRECISION)
         if K > 1 * BK:
-            b_q = tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)  # [BT, BK]
+            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_w = tl.load(w + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)  # [BT, BK]
+            b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_h1 = b_h1 * tl.exp(b_last)
             b_h1 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(tl.float32), (b_do).to(tl.float32), input_precision=ACC_PRECISION)
             b_h1 += tl.dot((tl.trans(b_w)).to(tl.float32), (b_du).to(tl.float32), input_precision=ACC_PRECISION)
         if K > 2 * BK:
-            b_q = tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)  # [BT, BK]
+            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_w = tl.load(w + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)  # [BT, BK]
+            b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_h2 = b_h2 * tl.exp(b_last)
             b_h2 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(tl.float32), (b_do).to(tl.float32), input_precision=ACC_PRECISION)
             b_h2 += tl.dot((tl.trans(b_w)).to(tl.float32), (b_du).to(tl.float32), input_precision=ACC_PRECISION)
         if K > 3 * BK:
-            b_q = tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)  # [BT, BK]
+            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_w = tl.load(w + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)  # [BT, BK]
+            b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_h3 = b_h3 * tl.exp(b_last)
             b_h3 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(tl.float32), (b_do).to(tl.float32), input_precision=ACC_PRECISION)
             b_h3 += tl.dot((tl.trans(b_w)).to(tl.float32), (b_du).to(tl.float32), input_precision=ACC_PRECISION)
     p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
-    tl.store(p_dh0 + s_kv, b_h0.to(dh0.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
+    tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh0.dtype.element_ty), boundary_check=(0, 1))
     if K > 1 * BK:
-        tl.store(p_dh0 + 1 * BK * V + s_kv, b_h1.to(dh0.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
+        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), b_h1.to(dh0.dtype.element_ty), boundary_check=(0, 1))
     if K > 2 * BK:
-        tl.store(p_dh0 + 2 * BK * V + s_kv, b_h2.to(dh0.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
+        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh0.dtype.element_ty), boundary_check=(0, 1))
     if K > 3 * BK:
-        tl.store(p_dh0 + 3 * BK * V + s_kv, b_h3.to(dh0.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
+        tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh0.dtype.element_ty), boundary_check=(0, 1))
 
 
 @triton.jit(do_not_specialize=["T"])
