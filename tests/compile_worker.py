@@ -4,7 +4,8 @@ it in a process of its own, where no kernel module was imported for the interpre
 
     python compile_worker.py RESULTS DTYPE D SPEC [SPEC ...]
 
-RESULTS gets one row per compiled kernel (spec, dtype, kernel, shared memory in bytes, warps, stages) for inputs of
+RESULTS gets one row per compiled kernel (spec, dtype, kernel, shared memory in bytes, warps, stages, loads left
+synchronous in its loops) for inputs of
 DTYPE (bfloat16, float32) and head dims D, or the error that stopped a spec, and the limit a block's shared memory
 has.
 """
