@@ -74,11 +74,12 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
     the walks' value block and pipeline stages; for scan_additive chunk length, blocks, warps, stages, split."""
     out = [default_config(decay, K, V)]
     if decay != "value":
+        wide = K > 128  # 32-token chunks and one stage, as the default: more overflows an H200 block's shared memory
         for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
             for warps in (4, 8):
                 for BW in sorted({min(16, _pow2(V)), min(32, _pow2(V)), min(64, _pow2(V))}):
-                    for stages in (1, 2, 3):
-                        c = Config(64, BV, _pow2(K), warps, stages, 0, BW)
+                    for stages in (1,) if wide else (1, 2, 3):
+                        c = Config(32 if wide else 64, BV, _pow2(K), warps, stages, 0, BW)
                         if c not in out:
                             out.append(c)
         return out
