@@ -1,8 +1,9 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton_delta.py: FAMILY, default_config, _forward, delta_scan,
-delta_scan_backward, _key_grads, _setup_context, _backward, triton_delta_scan.
+from lamixer/backends/triton_delta.py: FAMILY, default_config, _forward, _delta_forward, delta_scan,
+_delta_backward, delta_scan_backward, _key_grads, _setup_context, _grads, _backward,
+_EagerDeltaScan, run_delta_scan, triton_delta_scan.
 What comes before the copies is this file's own: tb is host.py, as lamixer's triton backend is to
 its delta rule; scan_config gives every call the default configuration (lamixer's tuned ones live in
 lamixer's cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -73,8 +74,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::delta_scan", mutates_args=())
-def delta_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
+def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
     the chunks' T = (I - M)^-1 [B, T, H, BT], kept for the backward so that it does not solve again).
@@ -92,6 +92,9 @@ def delta_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: tor
     return o, ht, tm
 
 
+delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward, mutates_args=())
+
+
 @delta_scan.register_fake
 def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg):
     B, T, H, K = a.shape
@@ -99,8 +102,7 @@ def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg):
     return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), h0.new_empty(B, T, H, Config.from_list(cfg).BT)
 
 
-@torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward", mutates_args=())
-def delta_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
+def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                         h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
                         decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
@@ -147,6 +149,9 @@ def _key_grads(q, dq, a, da, c, dc, dgs, cu, read, decay, g_dtype):
     return dq.to(q.dtype), da.to(a.dtype), dc.to(c.dtype), dg
 
 
+delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward", _delta_backward, mutates_args=())
+
+
 @delta_scan_backward.register_fake
 def _(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, decay, read, cfg):
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
@@ -159,13 +164,42 @@ def _setup_context(ctx, inputs, output):
     ctx.config = (decay, read, cfg)
 
 
-def _backward(ctx, do, dht, _dtm):
+def _grads(ctx, do, dht, backward):
+    """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
     q, qs, a, b, c, g, h0, cu_seqlens, ht, tm = ctx.saved_tensors
-    dq, da, db, dc, dg, dh0 = delta_scan_backward(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, *ctx.config)
+    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, *ctx.config)
     return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None
 
 
+def _backward(ctx, do, dht, _dtm):
+    return _grads(ctx, do, dht, delta_scan_backward)
+
+
 delta_scan.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerDeltaScan(torch.autograd.Function):
+    """The same as the custom op, without its dispatch outside torch.compile (deltanet's forward+backward took 835 us
+    of host time through the custom ops, 608 through this; launches stubbed, T = 128, on a 2-core CI machine)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        o, ht, tm = _delta_forward(*inputs)
+        _setup_context(ctx, inputs, (o, ht, tm))
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        return _grads(ctx, do, dht, _delta_backward)
+
+
+def run_delta_scan(q, qs, a, b, c, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final state): through the custom op when torch.compile traces, else straight to the kernels."""
+    if torch.compiler.is_compiling():
+        return delta_scan(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg)[:2]
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, a, b, c, g, h0)):
+        return _EagerDeltaScan.apply(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg)
+    return _delta_forward(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg)[:2]
 
 
 def triton_delta_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -186,5 +220,5 @@ def triton_delta_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch
     read = tb._read_mode(decayed, written)
     B, T, H, K = a.shape
     config = scan_config(decay, read, tb._ACC[acc], dtype, B, T, H, K, b.shape[3], a.device)
-    o, ht, _ = delta_scan(q, qs, a, b, c, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+    o, ht = run_delta_scan(q, qs, a, b, c, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     return [o], ht

@@ -130,8 +130,8 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
     ),
     _Host(
         "host_delta.py",
-        ((triton_delta, ("FAMILY", "default_config", "_forward", "delta_scan", "delta_scan_backward", "_key_grads", "_setup_context",
-                         "_backward", "triton_delta_scan")),),
+        ((triton_delta, ("FAMILY", "default_config", "_forward", "_delta_forward", "delta_scan", "_delta_backward", "delta_scan_backward",
+                         "_key_grads", "_setup_context", "_grads", "_backward", "_EagerDeltaScan", "run_delta_scan", "triton_delta_scan")),),
         custom_ops=2,
         own_doc=f"tb is host.py, as lamixer's triton backend is to its delta rule; {_DEFAULT_DOC}; {_NAMESPACE_DOC}",
         own=f'''import torch
