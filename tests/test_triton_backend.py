@@ -292,6 +292,21 @@ def test_decay_gradient_assembly_fused(spec, monkeypatch):
         assert torch.equal(g, grads[()][k]), k
 
 
+@pytest.mark.parametrize("name,fusable", [("linear_attn", False), ("gla", False), ("deltanet", True)])
+def test_only_per_token_work_is_fused(name, fusable, monkeypatch):
+    """Specs whose scans read the inputs directly and whose output is a scan's read leave torch.compile nothing to
+    fuse: they run unfused (its dispatch would only add host time); deltanet's normalisations are fused."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
+    monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
+    m = lamixer.loads(lamixer.mixer.shipped_source(name) + "\n# fusable?\n", name)
+    tensors, _ = random_call(m, T=70, H=2, dtype=torch.float32, seed=1, initial_state=False)
+    for _ in range(2):
+        m(**tensors, backend="triton")
+    fused = any(k[0] == "fused" for memo in _memos(m) for k in memo if isinstance(k, tuple))
+    assert fused == fusable
+
+
 def test_a_failing_compilation_warns_and_runs_unfused(monkeypatch):
     """Should torch.compile fail (its backend here raises), fuse warns once and runs the work unfused from then on."""
 

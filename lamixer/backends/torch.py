@@ -46,6 +46,9 @@ class _Program:
                     else op if op in ("stat", "block_attention", "output") else "op")  # fmt: skip
             self.steps.append((n, kind))
         self.constants = [n for n, kind in self.steps if kind == "constant"]
+        # work per token outside the scans (what torch.compile could fuse); none when the scans read the inputs
+        # directly and the output is a scan's read
+        self.per_token_work = any(kind in ("op", "stat", "block_attention") for _, kind in self.steps)
         # direct operands' per-head factors that are call constants, computed with the other constants
         self.constant_factors = [f for _, f in direct.values() if f is not None and f in self.constant]
         self.factors_key = tuple(self.constant_factors)

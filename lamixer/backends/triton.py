@@ -605,8 +605,10 @@ def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor
     choices = call.memo.get(key)
     if choices is None:
         choices = remember(call.memo, key, _choices(compiled, call, interpreted))
-    chunked = CONFIG_OVERRIDE is None and choices[0].func is triton_scan  # the autotuner times kernels unfused
-    return fuse.run(_evaluate, compiled.name, call, compiled, *choices, when=chunked)
+    # fused: chunked scans with per-token work around them (with none, torch.compile's dispatch only adds host time:
+    # linear_attn's forward 64 -> 189 us on a 2-core CPU, launches stubbed); the autotuner times kernels unfused
+    fusable = CONFIG_OVERRIDE is None and choices[0].func is triton_scan and choices[2].per_token_work
+    return fuse.run(_evaluate, compiled.name, call, compiled, *choices, when=fusable)
 
 
 def _evaluate(call: Call, compiled: Compiled, scan_impl, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:
