@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 
 os.environ.pop("TRITON_INTERPRET", None)  # before triton: kernels are compiled, not interpreted
 
@@ -75,13 +76,9 @@ def loop_loads(kernel) -> int:
     pipeliner turns a loop's loads into asynchronous copies or issues them an iteration ahead (carried); one it
     leaves (e.g. a load that initialises a dot's accumulator) stalls every iteration on global memory."""
     lines = kernel.asm["ttgir"].splitlines()
-    carried = " ".join(line for line in lines if "scf.yield" in line)
-    count = 0
-    for line in lines:
-        if " tt.load " in line and len(line) - len(line.lstrip()) > 4:
-            result = line.split("=", 1)[0].strip()
-            count += f"{result} " not in carried + " " and f"{result}," not in carried
-    return count
+    carried = {value for line in lines if "scf.yield" in line for value in re.findall(r"%[\w#]+", line)}
+    nested = [line for line in lines if " tt.load " in line and len(line) - len(line.lstrip()) > 4]
+    return sum(line.split("=", 1)[0].strip() not in carried for line in nested)
 
 
 def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: bool = False) -> list[dict]:

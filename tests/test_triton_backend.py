@@ -142,8 +142,9 @@ def test_head_dims_above_128(name):
     memory than an H200 block has, tests/test_gpu_compile.py) and four key blocks in the walks (K = 200: the last
     one partial)."""
     m = lamixer.load(name)
-    tensors, states = random_call(m, B=1, T=70, H=1, size=200, gate="strong", seed=5)
-    _assert_close(compare(m, "triton", tensors, states, seed=5), f"{name} K = 200")
+    for T, cu in [(70, None), (1, [0, 33, 101])]:  # one sequence, and two packed ones
+        tensors, states = random_call(m, B=1, T=T, H=1, size=200, gate="strong", seed=5, cu_seqlens=cu)
+        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=5), f"{name} K = 200, cu_seqlens {cu}")
 
 
 def test_head_dims_above_the_kernels_limit_are_refused_or_fall_back():

@@ -167,8 +167,7 @@ def chunk_additive_scalar_after_float32_state_bwd(
     if K > 3 * BK:
         b_h3 = tl.load(p_dht + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     NT = tl.cdiv(L, BT)
-    o_last = (NT - 1) * BT + o_t  # the last chunk's rows (negative for an empty sequence)
-    b_gn = tl.load(g + (bos + o_last) * H + i_h, mask=(o_last >= 0) & (o_last < L), other=0.)
+    b_gn = tl.load(g + (bos + (NT - 1) * BT + o_t) * H + i_h, mask=(NT - 1) * BT + o_t < L, other=0.)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
         r = tl.cast(i_t * BT, tl.int64) * H

@@ -332,8 +332,7 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
         if K > 3 * BK:
             b_h3 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
     NT = tl.cdiv(L, BT).to(tl.int32)  # int32 chunk offsets, as block pointers take them
-    o_last = (NT - 1) * BT + o_t  # the last chunk's rows (negative for an empty sequence)
-    b_gn = tl.load(g + (bos + o_last) * H + i_h, mask=(o_last >= 0) & (o_last < L), other=0.)
+    b_gn = tl.load(g + (bos + (NT - 1) * BT + o_t) * H + i_h, mask=(NT - 1) * BT + o_t < L, other=0.)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
         p_dh = dh + ((c0 + i_t) * H + i_h) * K * V

@@ -393,13 +393,21 @@ class _EagerChunkScan(torch.autograd.Function):
         return _chunk_grads(ctx, do, dht, _chunk_backward_impl)
 
 
-def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, final state): through the custom op when torch.compile traces, else straight to the kernels."""
+def run_scan_op(op, eager, forward, args: tuple, differentiable: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final state) of a scan's kernels: through the custom op `op` when torch.compile traces, through `eager`
+    (an autograd.Function doing the same without the op's dispatch) when one of `differentiable` needs a gradient,
+    else straight to `forward` (the op's implementation)."""
     if torch.compiler.is_compiling():
-        return chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)[:2]
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, a, b, g, h0)):
-        return _EagerChunkScan.apply(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)
-    return _chunk_forward(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)[:2]
+        return op(*args)[:2]
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in differentiable):
+        return eager.apply(*args)
+    return forward(*args)[:2]
+
+
+def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final state) on chunk_additive's kernels."""
+    args = (q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)
+    return run_scan_op(chunk_scan, _EagerChunkScan, _chunk_forward, args, (q, a, b, g, h0))
 
 
 def _setup_context(ctx, inputs, output):

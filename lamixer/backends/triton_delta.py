@@ -98,7 +98,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
 
 
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-               h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
     the chunks' T = (I - M)^-1 [B, T, H, BT], kept for the backward so that it does not solve again).
 
@@ -126,8 +126,8 @@ def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg):
 
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-                        h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
-                        decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
+                    decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
     mod = tb.kernels(FAMILY, decay=decay, read=read, acc=tb._ACC[h0.dtype])
     cfg = Config.from_list(cfg)
@@ -203,7 +203,7 @@ delta_scan.register_autograd(_backward, setup_context=_setup_context)
 
 class _EagerDeltaScan(torch.autograd.Function):
     """The same as the custom op, without its dispatch outside torch.compile (deltanet's forward+backward took 835 us
-    of host time through the custom ops, 608 through this; launches stubbed, T = 128, on a 2-core CI machine)."""
+    of host time through the custom ops, 608 through this; launches stubbed, T = 128, on a 2-core CPU)."""
 
     @staticmethod
     def forward(ctx, *inputs):
@@ -214,15 +214,6 @@ class _EagerDeltaScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         return _grads(ctx, do, dht, _delta_backward)
-
-
-def run_delta_scan(q, qs, a, b, c, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, final state): through the custom op when torch.compile traces, else straight to the kernels."""
-    if torch.compiler.is_compiling():
-        return delta_scan(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg)[:2]
-    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, a, b, c, g, h0)):
-        return _EagerDeltaScan.apply(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg)
-    return _delta_forward(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg)[:2]
 
 
 def triton_delta_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -243,5 +234,6 @@ def triton_delta_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch
     read = tb._read_mode(decayed, written)
     B, T, H, K = a.shape
     config = scan_config(decay, read, tb._ACC[acc], dtype, B, T, H, K, b.shape[3], a.device)
-    o, ht = run_delta_scan(q, qs, a, b, c, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, decay, read, config.as_list())
+    o, ht = tb.run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht

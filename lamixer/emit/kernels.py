@@ -96,7 +96,7 @@ HOSTS = (
         ((triton_backend, ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments", "additive_scan", "additive_scan_backward",
                            "CHUNK_DECAYS", "STRIP", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
                            "chunk_scan", "_chunk_backward_impl", "chunk_scan_backward", "_chunk_save", "_chunk_grads",
-                           "_chunk_setup_context", "_EagerChunkScan", "run_chunk_scan", "_setup_context", "_backward",
+                           "_chunk_setup_context", "_EagerChunkScan", "run_scan_op", "run_chunk_scan", "_setup_context", "_backward",
                            "state_key_block", "state_stages", "_acc_precision", "_launch", "_segment_suffix_sums", "_decay_grad", "triton_cdiv", "triton_scan")),
          (autotune, ("Config", "_pow2", "default_config"))),
         custom_ops=4,
@@ -131,7 +131,7 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
     _Host(
         "host_delta.py",
         ((triton_delta, ("FAMILY", "default_config", "_forward", "_delta_forward", "delta_scan", "_delta_backward", "delta_scan_backward",
-                         "_key_grads", "_setup_context", "_grads", "_backward", "_EagerDeltaScan", "run_delta_scan", "triton_delta_scan")),),
+                         "_key_grads", "_setup_context", "_grads", "_backward", "_EagerDeltaScan", "triton_delta_scan")),),
         custom_ops=2,
         own_doc=f"tb is host.py, as lamixer's triton backend is to its delta rule; {_DEFAULT_DOC}; {_NAMESPACE_DOC}",
         own=f'''import torch
