@@ -1,12 +1,12 @@
 """Compile, without running, the Triton kernels specs launch, for an H200 (sm_90), on any machine: no GPU needed.
 
-    python bench/sm90.py [--specs deltanet,gla] [--dtypes bfloat16,float32] [--T 150] [--D 128]
+    python bench/sm90.py [--specs deltanet,gla] [--dtypes bfloat16,float32] [--T 150] [--D 128] [--config 64,64,32,8,2,0,128]
 
 Triton's own compiler and ptxas (shipped with triton) build each kernel: the active driver is replaced by one
 naming an sm_90 device that is never used, and every launch becomes a compile-only warmup, so the specs' calls run
 their host code with kernels that do nothing (results are not looked at). Each spec runs forward and backward on
 the chunk kernels (lengths past one chunk) and forward without gradients on 5 tokens (the recurrent kernel), at
-the default configurations. Prints, per kernel, shared memory, warps, stages, the registers per thread and
+the default configurations (or --config's, as the autotuner sets a candidate). Prints, per kernel, shared memory, warps, stages, the registers per thread and
 bytes spilled that ptxas reports, and the loads left synchronous in loops (sync: see loop_loads). tests/test_gpu_compile.py runs the same compilation over every spec.
 """
 from __future__ import annotations
@@ -121,7 +121,13 @@ def main():
     ap.add_argument("--dtypes", default="bfloat16")
     ap.add_argument("--T", type=int, default=150)
     ap.add_argument("--D", type=int, default=128)
+    ap.add_argument("--config", default="", help="BT,BV,BK,warps,stages,split[,BW,BG,warps_grad] for every scan (default: each one's own)")
     args = ap.parse_args()
+    if args.config:
+        from lamixer.autotune import Config
+        from lamixer.backends import triton as triton_backend
+
+        triton_backend.CONFIG_OVERRIDE = Config.from_list(args.config.split(","))
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     seen = set()
     print(f"{'kernel':<56} {'dtype':<9} {'warps':>5} {'stages':>6} {'shared':>7} {'regs':>4} {'spill':>5} {'sync':>4}")

@@ -24,7 +24,8 @@ CACHE_VERSION = 1
 @dataclass(frozen=True)
 class Config:
     """A launch configuration. chunk_additive (decay none, scalar or along the key dim) uses BT, BV (value
-    block of the chunk-parallel kernels), BW (value block of the two sequential state walks), num_warps
+    block of the chunk-parallel kernels), BW and BK (value block and key rows of a program of the two sequential
+    state walks: BK < K splits the key dim over programs), num_warps
     (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its gradient kernel (0: BV /
     num_warps); scan_additive (decay along the value dim) uses BT, BV (forward and reverse walks), BK (key
     block of its dq walk), num_warps, num_stages and split."""
@@ -64,24 +65,29 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # 32-token chunks, one stage, 32-wide value blocks in the gradient kernel (at most 176128)
     if K > 128:
         return Config(32, min(64, _pow2(V)), _pow2(K), 8, 1, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
-    if decay == "key":
-        return Config(64, min(64, _pow2(V)), _pow2(K), 8, 2, 0, min(32, _pow2(V)))
+    if decay == "key":  # the walks split the key dim (each key's decay computed once, not once per value block)
+        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 2, 0, min(128, _pow2(V)))
     return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
 
 def candidates(decay: str, K: int, V: int) -> list[Config]:
     """The search space, default first: for chunk_additive the chunk-parallel kernels' value block and warps,
-    the walks' value block and pipeline stages; for scan_additive chunk length, blocks, warps, stages, split."""
+    the walks' value block and key rows, and pipeline stages; for scan_additive chunk length, blocks, warps, stages, split."""
     out = [default_config(decay, K, V)]
     if decay != "value":
         wide = K > 128  # 32-token chunks and one stage, as the default: more overflows an H200 block's shared memory
+        # the walks' key rows per program: a decay along the key dim is computed once per key row and program
+        # and value block (wider when the key dim is split)
+        walk_keys = sorted({min(32, _pow2(K)), min(64, _pow2(K)), _pow2(K)}) if decay == "key" else [_pow2(K)]
+        walk_values = sorted({min(w, _pow2(V)) for w in ((32, 64, 128) if decay == "key" else (16, 32, 64))})
         for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
             for warps in (4, 8):
-                for BW in sorted({min(16, _pow2(V)), min(32, _pow2(V)), min(64, _pow2(V))}):
-                    for stages in (1,) if wide else (1, 2, 3):
-                        c = Config(32 if wide else 64, BV, _pow2(K), warps, stages, 0, BW)
-                        if c not in out:
-                            out.append(c)
+                for BK in walk_keys:
+                    for BW in walk_values:
+                        for stages in (1,) if wide else (1, 2, 3):
+                            c = Config(32 if wide else 64, BV, BK, warps, stages, 0, BW)
+                            if c not in out:
+                                out.append(c)
         return out
     for BT in (16, 32):
         for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):

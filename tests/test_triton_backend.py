@@ -124,6 +124,21 @@ def test_split_walks_match_interpreter(spec, monkeypatch):
         _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=6), f"{spec} split T={T} cu={cu}")
 
 
+@pytest.mark.parametrize("name", ["gla", "simple_gla", "linear_attn"])
+def test_walks_split_over_key_rows_match_interpreter(name, monkeypatch):
+    """chunk_additive's state walks with the key dim split over programs (Config.BK below K; K = 40: three programs of
+    16 key rows, the last partial), one sequence and packed ones."""
+    from dataclasses import replace
+
+    from lamixer.autotune import default_config
+
+    m = lamixer.load(name)
+    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", replace(default_config("key", 40, 40), BK=16))
+    for T, cu in [(70, None), (1, [0, 5, 70, 91])]:
+        tensors, states = random_call(m, T=T, H=2, size=40, gate="strong", cu_seqlens=cu, seed=8)
+        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=8), f"{name} key rows split, cu_seqlens {cu}")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_inputs_and_a_float32_gate(dtype):
     """q, k, v in half precision with a float32 gate, as FLA's users call it: o in the input dtype, float32 state."""

@@ -7,13 +7,15 @@ import triton.language as tl
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_key_after_float32_state_fwd(
     a, b, g, h0, hs, ht, cu_seqlens, chunk_offsets, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
     STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """hs[c] = the state entering chunk c [K, V]; ht = the final state. One program per (value block,
-    sequence x head) walks the chunks: S <- exp(B_last) S + (a exp(B_last - B))^T b, the state as up to four
-    key blocks of BK rows (K <= 4 BK), tiles through int32 offsets (templates/state_blocks.jinja)."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    sequence x head, key rows i_k KB..) walks the chunks: S <- exp(B_last) S + (a exp(B_last - B))^T b, its KB
+    state rows as up to four key blocks of BK rows (KB <= 4 BK), tiles through int32 offsets
+    (templates/state_blocks.jinja). Splitting the key rows over programs spends each key's decay once instead of
+    once per value block."""
+    i_v, i_nh, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -24,7 +26,7 @@ def chunk_additive_key_after_float32_state_fwd(
         L = T
         boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
+    o_k = i_k * KB + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     s_kv = o_k[:, None] * V + o_v[None, :]
@@ -39,11 +41,11 @@ def chunk_additive_key_after_float32_state_fwd(
     b_h2 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h3 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h0 = tl.load(p_h0 + s_kv, mask=(o_k < K)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    if K > 1 * BK:
+    if KB > 1 * BK:
         b_h1 = tl.load(p_h0 + 1 * BK * V + s_kv, mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    if K > 2 * BK:
+    if KB > 2 * BK:
         b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    if K > 3 * BK:
+    if KB > 3 * BK:
         b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     for i_t in range(0, tl.cdiv(L, BT)):
         r = tl.cast(i_t * BT, tl.int64) * H
@@ -57,7 +59,7 @@ def chunk_additive_key_after_float32_state_fwd(
         b_E = b_B
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
         b_h0 = b_h0 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
-        if K > 1 * BK:
+        if KB > 1 * BK:
             tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             b_gT = tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
@@ -65,7 +67,7 @@ def chunk_additive_key_after_float32_state_fwd(
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h1 = b_h1 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
-        if K > 2 * BK:
+        if KB > 2 * BK:
             tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             b_gT = tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
@@ -73,7 +75,7 @@ def chunk_additive_key_after_float32_state_fwd(
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h2 = b_h2 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
-        if K > 3 * BK:
+        if KB > 3 * BK:
             tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             b_gT = tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
@@ -84,11 +86,11 @@ def chunk_additive_key_after_float32_state_fwd(
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
         tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
-        if K > 1 * BK:
+        if KB > 1 * BK:
             tl.store(p_ht + 1 * BK * V + s_kv, b_h1.to(ht.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
-        if K > 2 * BK:
+        if KB > 2 * BK:
             tl.store(p_ht + 2 * BK * V + s_kv, b_h2.to(ht.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
-        if K > 3 * BK:
+        if KB > 3 * BK:
             tl.store(p_ht + 3 * BK * V + s_kv, b_h3.to(ht.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
 
 
@@ -226,13 +228,13 @@ def chunk_additive_key_after_float32_output_fwd(
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_key_after_float32_state_bwd(
     q, qs, g, do, dht, dhs, dh0, cu_seqlens, chunk_offsets, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """dhs[c] = dL/dS leaving chunk c; dh0 = dL/dS entering the first. One program per (value block,
-    sequence x head) walks the chunks backwards: dS <- exp(B_last) dS + (q exp(E))^T do, dS as up to four key
-    blocks of BK rows, tiles through int32 offsets (templates/state_blocks.jinja)."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    sequence x head, key rows i_k KB..) walks the chunks backwards: dS <- exp(B_last) dS + (q exp(E))^T do, its
+    KB rows of dS as up to four key blocks of BK rows, tiles through int32 offsets (templates/state_blocks.jinja)."""
+    i_v, i_nh, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -243,7 +245,7 @@ def chunk_additive_key_after_float32_state_bwd(
         L = T
         boc = i_n.to(tl.int64) * tl.cdiv(T, BT)
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
+    o_k = i_k * KB + tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     s_kv = o_k[:, None] * V + o_v[None, :]
@@ -258,11 +260,11 @@ def chunk_additive_key_after_float32_state_bwd(
     b_h2 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h3 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h0 = tl.load(p_dht + s_kv, mask=(o_k < K)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    if K > 1 * BK:
+    if KB > 1 * BK:
         b_h1 = tl.load(p_dht + 1 * BK * V + s_kv, mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    if K > 2 * BK:
+    if KB > 2 * BK:
         b_h2 = tl.load(p_dht + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    if K > 3 * BK:
+    if KB > 3 * BK:
         b_h3 = tl.load(p_dht + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     NT = tl.cdiv(L, BT)
     for i_r in range(0, NT):
@@ -280,7 +282,7 @@ def chunk_additive_key_after_float32_state_bwd(
         b_E = b_B
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
         b_h0 = b_h0 * tl.exp(b_last)[:, None] + tl.dot((b_qT * tl.exp(b_E)).to(b_do.dtype), b_do, input_precision=PRECISION)
-        if K > 1 * BK:
+        if KB > 1 * BK:
             tl.store(p_dhs + 1 * BK * V + s_kv, b_h1.to(dhs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
@@ -290,7 +292,7 @@ def chunk_additive_key_after_float32_state_bwd(
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h1 = b_h1 * tl.exp(b_last)[:, None] + tl.dot((b_qT * tl.exp(b_E)).to(b_do.dtype), b_do, input_precision=PRECISION)
-        if K > 2 * BK:
+        if KB > 2 * BK:
             tl.store(p_dhs + 2 * BK * V + s_kv, b_h2.to(dhs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
@@ -300,7 +302,7 @@ def chunk_additive_key_after_float32_state_bwd(
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h2 = b_h2 * tl.exp(b_last)[:, None] + tl.dot((b_qT * tl.exp(b_E)).to(b_do.dtype), b_do, input_precision=PRECISION)
-        if K > 3 * BK:
+        if KB > 3 * BK:
             tl.store(p_dhs + 3 * BK * V + s_kv, b_h3.to(dhs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
@@ -312,11 +314,11 @@ def chunk_additive_key_after_float32_state_bwd(
             b_h3 = b_h3 * tl.exp(b_last)[:, None] + tl.dot((b_qT * tl.exp(b_E)).to(b_do.dtype), b_do, input_precision=PRECISION)
     p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
     tl.store(p_dh0 + s_kv, b_h0.to(dh0.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
-    if K > 1 * BK:
+    if KB > 1 * BK:
         tl.store(p_dh0 + 1 * BK * V + s_kv, b_h1.to(dh0.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
-    if K > 2 * BK:
+    if KB > 2 * BK:
         tl.store(p_dh0 + 2 * BK * V + s_kv, b_h2.to(dh0.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
-    if K > 3 * BK:
+    if KB > 3 * BK:
         tl.store(p_dh0 + 3 * BK * V + s_kv, b_h3.to(dh0.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
 
 

@@ -5,8 +5,8 @@ from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segme
 additive_scan_backward, CHUNK_DECAYS, STRIP, _chunks, _chunk_cumsum, _snapshot_dtype, PRECISION,
 _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save, _chunk_grads,
 _chunk_setup_context, _EagerChunkScan, run_scan_op, run_chunk_scan, _setup_context, _backward,
-state_key_block, state_stages, _acc_precision, _launch, _segment_suffix_sums, _decay_grad,
-triton_cdiv, triton_scan; from lamixer/autotune.py: Config, _pow2, default_config.
+state_key_block, walk_key_blocks, state_stages, _acc_precision, _launch, _segment_suffix_sums,
+_decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py: Config, _pow2, default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
 file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's
 cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -217,9 +217,10 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     A = torch.empty(B, T, H, c.BT if decay == "key" else 0, dtype=h0.dtype, device=b.device)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
-        getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H)](
-            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=state_stages(a.dtype, K),
-            **dict(common, BK=state_key_block(K)),
+        BK, KB = walk_key_blocks(c, K)
+        getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
+            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, KB=KB, STORE_HT=True, num_warps=4,
+            num_stages=state_stages(a.dtype, K), **dict(common, BK=BK),
         )  # fmt: skip
     if NC * H:
         if decay == "key":
@@ -264,9 +265,10 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
-        getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H)](
-            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=state_stages(q.dtype, K),
-            **dict(common, BK=state_key_block(K)),
+        BK, KB = walk_key_blocks(c, K)
+        getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
+            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, KB=KB, num_warps=4,
+            num_stages=state_stages(q.dtype, K), **dict(common, BK=BK),
         )  # fmt: skip
     if NC * H == 0:
         return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0
@@ -376,6 +378,13 @@ def state_key_block(K: int) -> int:
     return min(64, _pow2(K))
 
 
+def walk_key_blocks(c: Config, K: int) -> tuple[int, int]:
+    """chunk_additive's walks: (BK, KB), the key block and the key rows one program holds (c.BK, at most the whole
+    key dim: fewer split the key dim over programs)."""
+    KB = min(c.BK, _pow2(K))
+    return min(state_key_block(K), KB), KB
+
+
 def state_stages(work: torch.dtype, K: int) -> int:
     """The sequential state passes' pipeline stages, whatever the configuration's (H200, K = V = 128, bf16, 4 warps,
     bench/state_probe.py: the delta state pass in the form of templates/state_blocks.jinja 216 us at 3 stages, 313
@@ -476,7 +485,8 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
 @dataclass(frozen=True)
 class Config:
     """A launch configuration. chunk_additive (decay none, scalar or along the key dim) uses BT, BV (value
-    block of the chunk-parallel kernels), BW (value block of the two sequential state walks), num_warps
+    block of the chunk-parallel kernels), BW and BK (value block and key rows of a program of the two sequential
+    state walks: BK < K splits the key dim over programs), num_warps
     (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its gradient kernel (0: BV /
     num_warps); scan_additive (decay along the value dim) uses BT, BV (forward and reverse walks), BK (key
     block of its dq walk), num_warps, num_stages and split."""
@@ -516,8 +526,8 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # 32-token chunks, one stage, 32-wide value blocks in the gradient kernel (at most 176128)
     if K > 128:
         return Config(32, min(64, _pow2(V)), _pow2(K), 8, 1, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
-    if decay == "key":
-        return Config(64, min(64, _pow2(V)), _pow2(K), 8, 2, 0, min(32, _pow2(V)))
+    if decay == "key":  # the walks split the key dim (each key's decay computed once, not once per value block)
+        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 2, 0, min(128, _pow2(V)))
     return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
 

@@ -272,9 +272,10 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     A = torch.empty(B, T, H, c.BT if decay == "key" else 0, dtype=h0.dtype, device=b.device)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
-        getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H)](
-            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, STORE_HT=True, num_warps=4, num_stages=state_stages(a.dtype, K),
-            **dict(common, BK=state_key_block(K)),
+        BK, KB = walk_key_blocks(c, K)
+        getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
+            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, KB=KB, STORE_HT=True, num_warps=4,
+            num_stages=state_stages(a.dtype, K), **dict(common, BK=BK),
         )  # fmt: skip
     if NC * H:
         if decay == "key":
@@ -319,9 +320,10 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
-        getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H)](
-            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, num_warps=4, num_stages=state_stages(q.dtype, K),
-            **dict(common, BK=state_key_block(K)),
+        BK, KB = walk_key_blocks(c, K)
+        getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
+            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, KB=KB, num_warps=4,
+            num_stages=state_stages(q.dtype, K), **dict(common, BK=BK),
         )  # fmt: skip
     if NC * H == 0:
         return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0
@@ -429,6 +431,13 @@ def state_key_block(K: int) -> int:
     """The key block of the sequential state passes (chunk_additive's walks, scan_delta's state pass): the state as
     at most four [BK, BV] blocks (K <= 256)."""
     return min(64, _pow2(K))
+
+
+def walk_key_blocks(c: Config, K: int) -> tuple[int, int]:
+    """chunk_additive's walks: (BK, KB), the key block and the key rows one program holds (c.BK, at most the whole
+    key dim: fewer split the key dim over programs)."""
+    KB = min(c.BK, _pow2(K))
+    return min(state_key_block(K), KB), KB
 
 
 def state_stages(work: torch.dtype, K: int) -> int:

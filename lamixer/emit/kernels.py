@@ -97,7 +97,7 @@ HOSTS = (
                            "CHUNK_DECAYS", "STRIP", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
                            "chunk_scan", "_chunk_backward_impl", "chunk_scan_backward", "_chunk_save", "_chunk_grads",
                            "_chunk_setup_context", "_EagerChunkScan", "run_scan_op", "run_chunk_scan", "_setup_context", "_backward",
-                           "state_key_block", "state_stages", "_acc_precision", "_launch", "_segment_suffix_sums", "_decay_grad", "triton_cdiv", "triton_scan")),
+                           "state_key_block", "walk_key_blocks", "state_stages", "_acc_precision", "_launch", "_segment_suffix_sums", "_decay_grad", "triton_cdiv", "triton_scan")),
          (autotune, ("Config", "_pow2", "default_config"))),
         custom_ops=4,
         own_doc=f"kernels() imports the rendered modules beside this file; {_DEFAULT_DOC}; {_NAMESPACE_DOC}",
