@@ -128,10 +128,13 @@ def chunk_additive_key_before_float32_cumsum_fwd(
 def chunk_additive_key_before_float32_scores_fwd(
     q, qs, a, g, Bc, A, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    SPAN: tl.constexpr, USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """A[i, j] = sum_k q_ik a_jk exp(E_ik - B_jk) within each chunk [.., BT], one [BC, BC] block per program
-    (block row i_i, block column i_j <= i_i; above the diagonal A is left unwritten and masked by its readers)."""
+    (block row i_i, block column i_j <= i_i; above the diagonal A is left unwritten and masked by its readers).
+    One dot of q exp(E - P) and a exp(P - B), P the log decay before block row i: both factors <= 1 left of the
+    diagonal; on it a exp(P - B) grows to exp(the block's own log decay), taken when that stays under SPAN nats
+    (the dot's operands stay normal numbers in their dtype), else the block is built column by column."""
     i_i, i_j = tl.program_id(0) // (BT // BC), tl.program_id(0) % (BT // BC)
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -168,12 +171,15 @@ def chunk_additive_key_before_float32_scores_fwd(
     b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
     b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    if i_i > i_j:  # both factors <= 1 against the log decay P before block row i
-        b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
+    b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
+    span = tl.max(tl.max(b_P[None, :] - b_Bi, axis=1), axis=0)  # the diagonal block's log decay (padded rows: <= 0)
+    if i_i > i_j or span < SPAN:
         b_qd = b_qi * tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
         b_ad = b_aj * tl.exp(b_P[None, :] - b_Bj)
         b_A = tl.dot(b_qd.to(a.dtype.element_ty), tl.trans(b_ad.to(a.dtype.element_ty)), input_precision=PRECISION)  # [BC, BC]
-    else:  # the diagonal block, column by column
+        if i_i == i_j:
+            b_A = tl.where(o_c[:, None] > o_c[None, :], b_A, 0.)
+    else:  # a diagonal block of strong decays, column by column
         b_A = tl.zeros([BC, BC], dtype=tl.float32)
         for jj in range(0, tl.minimum(BC, L - i_t * BT - i_j * BC)):  # rows of block j, read from memory (L1)
             p_1 = ((bos + i_t * BT + i_j * BC + jj) * H + i_h) * K + o_k
@@ -186,11 +192,12 @@ def chunk_additive_key_before_float32_scores_fwd(
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_key_before_float32_output_fwd(
-    q, qs, a, b, g, A, hs, o, cu_seqlens, chunk_indices, T,
+    q, qs, a, b, g, Bc, A, hs, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """o = (q exp(E)) h + A b per chunk; one program per (value block, chunk, head)."""
+    """o = (q exp(E)) h + A b per chunk; one program per (value block, chunk, head). E from the
+    chunk sums Bc cumsum_fwd left."""
     i_v = tl.program_id(0)
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -212,10 +219,8 @@ def chunk_additive_key_before_float32_output_fwd(
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_g = tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
-    b_B = tl.cumsum(b_g, axis=0)
-    b_E = b_B - b_g
-    b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
+    b_E = tl.load(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_E -= tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_o = tl.dot((b_q * tl.exp(b_E)).to(b_q.dtype), b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]  # the diagonal blocks hold their own mask
@@ -391,10 +396,12 @@ def chunk_additive_key_before_float32_grads_bwd(
 def chunk_additive_key_before_float32_strips_bwd(
     q, qs, a, g, Bc, dA, dq, da, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    SPAN: tl.constexpr, USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """The chunk's own part of dq and da for one block row i of BC tokens, added in place to the float32
-    parts grads_bwd left: dq_i from blocks j <= i, da_i from blocks j >= i. One program per (block, chunk, head)."""
+    parts grads_bwd left: dq_i from blocks j <= i, da_i from blocks j >= i. One program per (block, chunk, head).
+    Other blocks by dots against the log decay P before block i (dq) or Z through it (da), both factors <= 1; the
+    diagonal block the same way when its own log decay P - Z stays under SPAN nats (scores_fwd), else row by row."""
     i_i = tl.program_id(0)
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -423,26 +430,25 @@ def chunk_additive_key_before_float32_strips_bwd(
     b_ai = tl.load(a + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
     b_Ei = b_Bi - tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
+    i_z = tl.minimum(i_t * BT + i_i * BC + BC, L) - 1  # block i's last real row
+    b_Z = tl.load(Bc + ((bos + i_z) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
+    diagonal = (tl.max(b_P - b_Z, axis=0) < SPAN).to(tl.int32)  # 1: the diagonal block joins the dots
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     b_da = tl.zeros([BC, BK], dtype=tl.float32)
-    if i_i > 0:  # earlier blocks, against the log decay P before block i
-        b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
-        for i_j in range(0, i_i):
-            rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
-            m_rj = i_t * BT + i_j * BC + o_c < L
-            b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
-            if USE_QS:
-                b_qj = b_qj * tl.load(qs + i_h)
-            b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
-            b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
-            b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
-            b_dq += tl.dot(b_dAij.to(a.dtype.element_ty), (b_aj * tl.exp(b_P[None, :] - b_Bj)).to(a.dtype.element_ty), input_precision=PRECISION)
-        b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
-    # later blocks, against the log decay Z through block i (its last real row)
-    i_z = tl.minimum(i_t * BT + i_i * BC + BC, L) - 1
-    b_Z = tl.load(Bc + ((bos + i_z) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
-    for i_j in range(i_i + 1, tl.cdiv(tl.minimum(L - i_t * BT, BT), BC)):
+    for i_j in range(0, i_i + diagonal):  # earlier blocks (and the diagonal one), against P
+        rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
+        m_rj = i_t * BT + i_j * BC + o_c < L
+        b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
+        if USE_QS:
+            b_qj = b_qj * tl.load(qs + i_h)
+        b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
+        b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
+        b_dq += tl.dot(b_dAij.to(a.dtype.element_ty), (b_aj * tl.exp(b_P[None, :] - b_Bj)).to(a.dtype.element_ty), input_precision=PRECISION)
+    b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
+    for i_j in range(i_i + 1 - diagonal, tl.cdiv(tl.minimum(L - i_t * BT, BT), BC)):  # later blocks (and the diagonal one), against Z
         rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
         m_rj = i_t * BT + i_j * BC + o_c < L
         b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
@@ -455,22 +461,22 @@ def chunk_additive_key_before_float32_strips_bwd(
         b_qd = b_qj * tl.exp(tl.where(m_rj[:, None], b_Ej - b_Z[None, :], float("-inf")))
         b_da += tl.dot(tl.trans(b_dAji).to(a.dtype.element_ty), b_qd.to(a.dtype.element_ty), input_precision=PRECISION)
     b_da *= tl.exp(tl.where(m_ri[:, None], b_Z[None, :] - b_Bi, float("-inf")))
-    # the diagonal block
-    for jj in range(0, tl.minimum(BC, L - i_t * BT - i_i * BC)):  # row jj of the block, read from memory (L1)
-        r1 = bos + i_t * BT + i_i * BC + jj
-        p_1 = (r1 * H + i_h) * K + o_k
-        b_a1 = tl.load(a + p_1, mask=m_k, other=0.).to(tl.float32)  # [BK]
-        b_q1 = tl.load(q + p_1, mask=m_k, other=0.).to(tl.float32)
-        if USE_QS:
-            b_q1 = b_q1 * tl.load(qs + i_h)
-        b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
-        b_E1 = b_B1 - tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32)
-        b_col = tl.load(dA + (ri * H + i_h) * BT + i_i * BC + jj, mask=m_ri, other=0.)  # [BC] dA[i, jj]
-        b_row = tl.load(dA + (r1 * H + i_h) * BT + i_i * BC + o_c)  # [BC] dA[jj, j]
-        # dq_i += dA[i, jj] a_jj exp(E_i - B_jj) for the rows i that see jj
-        b_dq += b_col[:, None] * b_a1[None, :] * tl.exp(tl.where((o_c > jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))
-        # da_j += dA[jj, j] q_jj exp(E_jj - B_j) for the columns j that row jj sees (the loop stops at the last real row)
-        b_da += b_row[:, None] * b_q1[None, :] * tl.exp(tl.where((jj > o_c)[:, None] & m_ri[:, None], b_E1[None, :] - b_Bi, float("-inf")))
+    if diagonal == 0:  # a diagonal block of strong decays, row by row
+        for jj in range(0, tl.minimum(BC, L - i_t * BT - i_i * BC)):  # row jj of the block, read from memory (L1)
+            r1 = bos + i_t * BT + i_i * BC + jj
+            p_1 = (r1 * H + i_h) * K + o_k
+            b_a1 = tl.load(a + p_1, mask=m_k, other=0.).to(tl.float32)  # [BK]
+            b_q1 = tl.load(q + p_1, mask=m_k, other=0.).to(tl.float32)
+            if USE_QS:
+                b_q1 = b_q1 * tl.load(qs + i_h)
+            b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
+            b_E1 = b_B1 - tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32)
+            b_col = tl.load(dA + (ri * H + i_h) * BT + i_i * BC + jj, mask=m_ri, other=0.)  # [BC] dA[i, jj]
+            b_row = tl.load(dA + (r1 * H + i_h) * BT + i_i * BC + o_c)  # [BC] dA[jj, j]
+            # dq_i += dA[i, jj] a_jj exp(E_i - B_jj) for the rows i that see jj
+            b_dq += b_col[:, None] * b_a1[None, :] * tl.exp(tl.where((o_c > jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))
+            # da_j += dA[jj, j] q_jj exp(E_jj - B_j) for the columns j that row jj sees (the loop stops at the last real row)
+            b_da += b_row[:, None] * b_q1[None, :] * tl.exp(tl.where((jj > o_c)[:, None] & m_ri[:, None], b_E1[None, :] - b_Bi, float("-inf")))
     p_i = (ri[:, None] * H + i_h) * K + o_k[None, :]
     m_i = m_ri[:, None] & m_k[None, :]
     tl.store(dq + p_i, b_dq + tl.load(dq + p_i, mask=m_i, other=0.), mask=m_i)

@@ -87,7 +87,7 @@ def chunk_additive_scalar_after_float32_state_fwd(
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_scalar_after_float32_output_fwd(
-    q, qs, a, b, g, A, hs, o, cu_seqlens, chunk_indices, T,
+    q, qs, a, b, g, Bc, A, hs, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):

@@ -209,6 +209,15 @@ CHUNK_DECAYS = ("none", "scalar", "key")  # rendered from chunk_additive; a valu
 STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key dim
 
 
+def diagonal_span(dtype: torch.dtype) -> float:
+    """The most log decay (nats, along any key) a diagonal strip block may hold for its scores to be one dot of
+    q exp(E - P) and a exp(P - B) in the inputs' dtype (chunk_additive's scores_fwd, strips_bwd): the factors then
+    lie within e^-30..e^30 (1e-13..1e13) of q and a, far inside bfloat16's and float32's normal range; float16's
+    (6e-5..65504) leaves about e^4 around inputs of order 1..100. Blocks of stronger decay take the exact per-column
+    loop."""
+    return 4.0 if dtype == torch.float16 else 30.0
+
+
 def family(decay: str) -> str:
     return "chunk_additive" if decay in CHUNK_DECAYS else "scan_additive"
 
@@ -278,12 +287,14 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
             num_stages=state_stages(a.dtype, K), **dict(common, BK=BK),
         )  # fmt: skip
     if NC * H:
+        Bc = None
         if decay == "key":
             Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
             getattr(mod, f"{mod.NAME}_scores_fwd")[((c.BT // STRIP) ** 2, NC, H)](
-                q, qs, a, g, Bc, A, cu_seqlens, indices, T, BC=STRIP, USE_QS=qs is not None, num_warps=4, **common)
+                q, qs, a, g, Bc, A, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), USE_QS=qs is not None,
+                num_warps=4, **common)  # fmt: skip
         getattr(mod, f"{mod.NAME}_output_fwd")[(triton_cdiv(V, c.BV), NC, H)](
-            q, qs, a, b, g, A, hs, o, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
+            q, qs, a, b, g, Bc, A, hs, o, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
             num_stages=c.num_stages, **common)  # fmt: skip
     return o, ht, hs, A
 
@@ -336,7 +347,8 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
                           BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
-            q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, num_warps=4, **common)
+            q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), num_warps=4,
+            **common)  # fmt: skip
         common.pop("PRECISION")
         getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
             q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)

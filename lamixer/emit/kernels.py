@@ -94,7 +94,7 @@ HOSTS = (
     _Host(
         "host.py",
         ((triton_backend, ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments", "additive_scan", "additive_scan_backward",
-                           "CHUNK_DECAYS", "STRIP", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
+                           "CHUNK_DECAYS", "STRIP", "diagonal_span", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
                            "chunk_scan", "_chunk_backward_impl", "chunk_scan_backward", "_chunk_save", "_chunk_grads",
                            "_chunk_setup_context", "_EagerChunkScan", "run_scan_op", "run_chunk_scan", "_setup_context", "_backward",
                            "state_key_block", "walk_key_blocks", "state_stages", "_acc_precision", "_launch", "_segment_suffix_sums", "_decay_grad", "triton_cdiv", "triton_scan")),
