@@ -58,21 +58,22 @@ def chunk_additive_scalar_after_float32_state_fwd(
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
+        b_b = (b_b * tl.exp(b_last - b_B)[:, None]).to(b_b.dtype)
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
-        b_h0 = b_h0 * tl.exp(b_last) + tl.dot((b_aT * tl.exp(b_last - b_B)[None, :]).to(b_b.dtype), b_b, input_precision=PRECISION)
+        b_h0 = b_h0 * tl.exp(b_last) + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 1 * BK:
             tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h1 = b_h1 * tl.exp(b_last) + tl.dot((b_aT * tl.exp(b_last - b_B)[None, :]).to(b_b.dtype), b_b, input_precision=PRECISION)
+            b_h1 = b_h1 * tl.exp(b_last) + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 2 * BK:
             tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h2 = b_h2 * tl.exp(b_last) + tl.dot((b_aT * tl.exp(b_last - b_B)[None, :]).to(b_b.dtype), b_b, input_precision=PRECISION)
+            b_h2 = b_h2 * tl.exp(b_last) + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 3 * BK:
             tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h3 = b_h3 * tl.exp(b_last) + tl.dot((b_aT * tl.exp(b_last - b_B)[None, :]).to(b_b.dtype), b_b, input_precision=PRECISION)
+            b_h3 = b_h3 * tl.exp(b_last) + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
         tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
@@ -182,29 +183,30 @@ def chunk_additive_scalar_after_float32_state_bwd(
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
+        b_do = (b_do * tl.exp(b_E)[:, None]).to(b_do.dtype)
         tl.store(p_dhs + s_kv, b_h0.to(dhs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         if USE_QS:
             b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_h0 = b_h0 * tl.exp(b_last) + tl.dot((b_qT * tl.exp(b_E)[None, :]).to(b_do.dtype), b_do, input_precision=PRECISION)
+        b_h0 = b_h0 * tl.exp(b_last) + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
         if KB > 1 * BK:
             tl.store(p_dhs + 1 * BK * V + s_kv, b_h1.to(dhs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_h1 = b_h1 * tl.exp(b_last) + tl.dot((b_qT * tl.exp(b_E)[None, :]).to(b_do.dtype), b_do, input_precision=PRECISION)
+            b_h1 = b_h1 * tl.exp(b_last) + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
         if KB > 2 * BK:
             tl.store(p_dhs + 2 * BK * V + s_kv, b_h2.to(dhs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_h2 = b_h2 * tl.exp(b_last) + tl.dot((b_qT * tl.exp(b_E)[None, :]).to(b_do.dtype), b_do, input_precision=PRECISION)
+            b_h2 = b_h2 * tl.exp(b_last) + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
         if KB > 3 * BK:
             tl.store(p_dhs + 3 * BK * V + s_kv, b_h3.to(dhs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_h3 = b_h3 * tl.exp(b_last) + tl.dot((b_qT * tl.exp(b_E)[None, :]).to(b_do.dtype), b_do, input_precision=PRECISION)
+            b_h3 = b_h3 * tl.exp(b_last) + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
     p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
     tl.store(p_dh0 + s_kv, b_h0.to(dh0.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
     if KB > 1 * BK:
