@@ -381,15 +381,103 @@ def chunk_additive_key_before_float32_grads_bwd(
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_key_before_float32_strips_bwd(
-    q, qs, a, g, Bc, dA, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, chunk_indices, T,
+    q, qs, a, g, Bc, dA, dq, da, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
     SPAN: tl.constexpr, USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """The chunk's own part of dq and da, added to the float32 parts grads_bwd left, then d(log decay) = suffix
-    sums within the chunk of q*dq - a*da plus the chunk's end term (dgs), and dq, da in the inputs' dtype. One
-    program per (chunk, head), strip by strip from the last: strip i's dq from the rows j <= i against the log decay
-    P before the strip, its da from the rows j >= i against Z through it (its last real row), each one dot (the
-    template's header); the strip's own block row by row where its log decay P - Z reaches SPAN."""
+    """The chunk's own part of dq and da for one block row i of BC tokens, added in place to the float32
+    parts grads_bwd left: dq_i from blocks j <= i, da_i from blocks j >= i. One program per (block, chunk, head).
+    Other blocks by dots against the log decay P before block i (dq) or Z through it (da), both factors <= 1; the
+    diagonal block the same way when its own log decay P - Z stays under SPAN nats (scores_fwd), else row by row."""
+    i_i = tl.program_id(0)
+    i_c, i_h = tl.program_id(1), tl.program_id(2)
+    if IS_VARLEN:
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        L = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
+    else:
+        i_n, i_t = i_c // tl.cdiv(T, BT), i_c % tl.cdiv(T, BT)
+        bos = i_n.to(tl.int64) * T
+        L = T
+    o_t = tl.arange(0, BT)
+    t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    m_t = i_t * BT + o_t < L
+    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
+    if i_t * BT + i_i * BC >= L:
+        return
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_c = tl.arange(0, BC)
+    ri = bos + i_t * BT + i_i * BC + o_c  # [BC] block i's rows
+    m_ri = i_t * BT + i_i * BC + o_c < L
+    b_qi = tl.load(q + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
+    if USE_QS:
+        b_qi = b_qi * tl.load(qs + i_h)
+    b_ai = tl.load(a + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
+    b_Ei = b_Bi - tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
+    i_z = tl.minimum(i_t * BT + i_i * BC + BC, L) - 1  # block i's last real row
+    b_Z = tl.load(Bc + ((bos + i_z) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
+    diagonal = (tl.max(b_P - b_Z, axis=0) < SPAN).to(tl.int32)  # 1: the diagonal block joins the dots
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_da = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_j in range(0, i_i + diagonal):  # earlier blocks (and the diagonal one), against P
+        rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
+        m_rj = i_t * BT + i_j * BC + o_c < L
+        b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
+        if USE_QS:
+            b_qj = b_qj * tl.load(qs + i_h)
+        b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
+        b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
+        b_dq += tl.dot(b_dAij.to(a.dtype.element_ty), (b_aj * tl.exp(b_P[None, :] - b_Bj)).to(a.dtype.element_ty), input_precision=PRECISION)
+    b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
+    for i_j in range(i_i + 1 - diagonal, tl.cdiv(tl.minimum(L - i_t * BT, BT), BC)):  # later blocks (and the diagonal one), against Z
+        rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
+        m_rj = i_t * BT + i_j * BC + o_c < L
+        b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
+        if USE_QS:
+            b_qj = b_qj * tl.load(qs + i_h)
+        b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
+        b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_dAji = tl.load(dA + (rj[:, None] * H + i_h) * BT + (i_i * BC + o_c)[None, :], mask=m_rj[:, None], other=0.)  # [BC, BC]
+        b_qd = b_qj * tl.exp(tl.where(m_rj[:, None], b_Ej - b_Z[None, :], float("-inf")))
+        b_da += tl.dot(tl.trans(b_dAji).to(a.dtype.element_ty), b_qd.to(a.dtype.element_ty), input_precision=PRECISION)
+    b_da *= tl.exp(tl.where(m_ri[:, None], b_Z[None, :] - b_Bi, float("-inf")))
+    if diagonal == 0:  # a diagonal block of strong decays, row by row
+        for jj in range(0, tl.minimum(BC, L - i_t * BT - i_i * BC)):  # row jj of the block, read from memory (L1)
+            r1 = bos + i_t * BT + i_i * BC + jj
+            p_1 = (r1 * H + i_h) * K + o_k
+            b_a1 = tl.load(a + p_1, mask=m_k, other=0.).to(tl.float32)  # [BK]
+            b_q1 = tl.load(q + p_1, mask=m_k, other=0.).to(tl.float32)
+            if USE_QS:
+                b_q1 = b_q1 * tl.load(qs + i_h)
+            b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
+            b_E1 = b_B1 - tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32)
+            b_col = tl.load(dA + (ri * H + i_h) * BT + i_i * BC + jj, mask=m_ri, other=0.)  # [BC] dA[i, jj]
+            b_row = tl.load(dA + (r1 * H + i_h) * BT + i_i * BC + o_c)  # [BC] dA[jj, j]
+            # dq_i += dA[i, jj] a_jj exp(E_i - B_jj) for the rows i that see jj
+            b_dq += b_col[:, None] * b_a1[None, :] * tl.exp(tl.where((o_c > jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))
+            # da_j += dA[jj, j] q_jj exp(E_jj - B_j) for the columns j that row jj sees (the loop stops at the last real row)
+            b_da += b_row[:, None] * b_q1[None, :] * tl.exp(tl.where((jj > o_c)[:, None] & m_ri[:, None], b_E1[None, :] - b_Bi, float("-inf")))
+    p_i = (ri[:, None] * H + i_h) * K + o_k[None, :]
+    m_i = m_ri[:, None] & m_k[None, :]
+    tl.store(dq + p_i, b_dq + tl.load(dq + p_i, mask=m_i, other=0.), mask=m_i)
+    tl.store(da + p_i, b_da + tl.load(da + p_i, mask=m_i, other=0.), mask=m_i)
+
+
+@triton.jit(do_not_specialize=["T"])
+def chunk_additive_key_before_float32_decay_bwd(
+    q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    """d(log decay) = suffix sums within the chunk of q*dq - a*da, plus the chunk's end term; and dq, da in the
+    inputs' dtype. One program per (chunk, head)."""
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -406,68 +494,20 @@ def chunk_additive_key_before_float32_strips_bwd(
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    o_c = tl.arange(0, BC)
-    b_carry = tl.load(dgs + (i_c.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK] d(log decay) past the strip
-    NS = tl.cdiv(tl.minimum(L - i_t * BT, BT), BC)
-    for i_r in range(0, NS):
-        i_i = NS - 1 - i_r
-        ri = bos + i_t * BT + i_i * BC + o_c  # [BC] block i's rows
-        m_ri = i_t * BT + i_i * BC + o_c < L
-        b_qi = tl.load(q + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
-        if USE_QS:
-            b_qi = b_qi * tl.load(qs + i_h)
-        b_ai = tl.load(a + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
-        b_Ei = b_Bi - tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
-        i_z = tl.minimum(i_t * BT + i_i * BC + BC, L) - 1
-        b_Z = tl.load(Bc + ((bos + i_z) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
-        diagonal = (tl.max(b_P - b_Z, axis=0) < SPAN).to(tl.int32)  # 1: the strip's own block joins the dots
-        # dq_i = exp(E_i - P) sum_j dA_ij a_j exp(P - B_j)
-        m_j = (o_t < (i_i + diagonal) * BC) & m_t
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_B = tl.load(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-        b_ad = b_a * tl.exp(tl.where(m_j[:, None], b_P[None, :] - b_B, float("-inf")))
-        b_dAi = tl.load(dA + (ri[:, None] * H + i_h) * BT + o_t[None, :], mask=m_ri[:, None], other=0.)  # [BC, BT]
-        b_dq = tl.dot(b_dAi.to(a.dtype.element_ty), b_ad.to(a.dtype.element_ty), input_precision=PRECISION)
-        b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
-        # da_i = exp(Z - B_i) sum_j dA_ji q_j exp(E_j - Z)
-        m_j = (o_t >= (i_i + 1 - diagonal) * BC) & m_t
-        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
-        if USE_QS:
-            b_q = b_q * tl.load(qs + i_h)
-        b_E = b_B - tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
-        b_qd = b_q * tl.exp(tl.where(m_j[:, None], b_E - b_Z[None, :], float("-inf")))
-        b_dAc = tl.load(dA + (t[:, None] * H + i_h) * BT + (i_i * BC + o_c)[None, :], mask=m_t[:, None], other=0.)  # [BT, BC]
-        b_da = tl.dot(tl.trans(b_dAc).to(a.dtype.element_ty), b_qd.to(a.dtype.element_ty), input_precision=PRECISION)
-        b_da *= tl.exp(tl.where(m_ri[:, None], b_Z[None, :] - b_Bi, float("-inf")))
-        if diagonal == 0:  # the strip's own block of strong decays, row by row
-            for jj in range(0, tl.minimum(BC, L - i_t * BT - i_i * BC)):  # row jj of the block, read from memory (L1)
-                r1 = bos + i_t * BT + i_i * BC + jj
-                p_1 = (r1 * H + i_h) * K + o_k
-                b_a1 = tl.load(a + p_1, mask=m_k, other=0.).to(tl.float32)  # [BK]
-                b_q1 = tl.load(q + p_1, mask=m_k, other=0.).to(tl.float32)
-                if USE_QS:
-                    b_q1 = b_q1 * tl.load(qs + i_h)
-                b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
-                b_E1 = b_B1 - tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32)
-                b_col = tl.load(dA + (ri * H + i_h) * BT + i_i * BC + jj, mask=m_ri, other=0.)  # [BC] dA[i, jj]
-                b_row = tl.load(dA + (r1 * H + i_h) * BT + i_i * BC + o_c)  # [BC] dA[jj, j]
-                # dq_i += dA[i, jj] a_jj exp(E_i - B_jj) for the rows i that see jj
-                b_dq += b_col[:, None] * b_a1[None, :] * tl.exp(tl.where((o_c > jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))
-                # da_j += dA[jj, j] q_jj exp(E_jj - B_j) for the columns j that row jj sees (the loop stops at the last real row)
-                b_da += b_row[:, None] * b_q1[None, :] * tl.exp(tl.where((jj > o_c)[:, None] & m_ri[:, None], b_E1[None, :] - b_Bi, float("-inf")))
-        p_i = (ri[:, None] * H + i_h) * K + o_k[None, :]
-        m_i = m_ri[:, None] & m_k[None, :]
-        b_dq += tl.load(dq_part + p_i, mask=m_i, other=0.)
-        b_da += tl.load(da_part + p_i, mask=m_i, other=0.)
-        # d(log decay): suffix sums of q*dq - a*da within the chunk
-        b_xq = b_qi * b_dq
-        b_x = b_xq - b_ai * b_da
-        b_dg = tl.cumsum(b_x, axis=0, reverse=True) - b_xq + b_carry[None, :]
-        b_carry += tl.sum(b_x, axis=0)
-        tl.store(dg + p_i, b_dg.to(dg.dtype.element_ty), mask=m_i)
-        if USE_QS:  # the gradient of the caller's query
-            b_dq = b_dq * tl.load(qs + i_h)
-        tl.store(dq + p_i, b_dq.to(dq.dtype.element_ty), mask=m_i)
-        tl.store(da + p_i, b_da.to(da.dtype.element_ty), mask=m_i)
+    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
+    if USE_QS:
+        b_q = b_q * tl.load(qs + i_h)
+    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_dq = tl.load(dq_part + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+    b_da = tl.load(da_part + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+    b_xq = b_q * b_dq
+    b_xa = b_a * b_da
+    b_dg = tl.cumsum(b_xq, axis=0, reverse=True) - b_xq - tl.cumsum(b_xa, axis=0, reverse=True)
+    b_dg += tl.load(dgs + (i_c.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)[None, :]
+    p = (t[:, None] * H + i_h) * K + o_k[None, :]
+    m = m_t[:, None] & m_k[None, :]
+    tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
+    if USE_QS:  # the gradient of the caller's query
+        b_dq = b_dq * tl.load(qs + i_h)
+    tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m)
+    tl.store(da + p, b_da.to(da.dtype.element_ty), mask=m)

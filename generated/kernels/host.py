@@ -238,7 +238,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
             Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
             getattr(mod, f"{mod.NAME}_scores_fwd")[(1, NC, H)](
                 q, qs, a, g, Bc, A, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), USE_QS=qs is not None,
-                num_warps=8, num_stages=c.num_stages, **common)  # fmt: skip
+                num_warps=8, num_stages=1, **common)  # fmt: skip
         getattr(mod, f"{mod.NAME}_output_fwd")[(triton_cdiv(V, c.BV), NC, H)](
             q, qs, a, b, g, Bc, A, hs, o, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
             num_stages=c.num_stages, **common)  # fmt: skip
@@ -292,9 +292,12 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq_part, da_part, db, None, dA, dgs, cu_seqlens, indices, T,
                           BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
-        getattr(mod, f"{mod.NAME}_strips_bwd")[(1, NC, H)](
-            q, qs, a, g, Bc, dA, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype),
-            num_warps=8, num_stages=c.num_stages, **common)  # fmt: skip
+        getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
+            q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), num_warps=4,
+            **common)  # fmt: skip
+        common.pop("PRECISION")
+        getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
+            q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
     else:
         grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, None, None, cu_seqlens, indices, T,
                           BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
