@@ -51,7 +51,7 @@ TINY = dict(steps=200, d_model=64, layers=2, heads=2, seq_len=64, num_kv_pairs=4
 def mqar_batch(
     batch: int, seq_len: int, num_kv_pairs: int, vocab: int, generator: torch.Generator, num_queries: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch of MQAR sequences: (inputs [batch, seq_len], targets [batch, seq_len]), int64 on the CPU.
+    """One batch of MQAR sequences: (inputs [batch, seq_len], targets [batch, seq_len]), int64 on the generator's device.
 
     Positions 0 .. 2n-1 hold the pairs k_1 v_1 ... k_n v_n (n = num_kv_pairs, keys distinct from
     1 .. vocab/2 - 1, values distinct from vocab/2 .. vocab - 1). The rest is filler drawn from the
@@ -71,22 +71,23 @@ def mqar_batch(
     if seq_len < 2 * n + q:
         raise ValueError(f"seq_len {seq_len} is too short for {n} pairs and {q} queries (needs {2 * n + q})")
     g = generator
-    keys = torch.rand(batch, half - 1, generator=g).argsort(dim=1)[:, :n] + 1  # distinct, from 1 .. half-1
-    values = torch.rand(batch, vocab - half, generator=g).argsort(dim=1)[:, :n] + half  # distinct, from half .. vocab-1
+    on = dict(generator=g, device=g.device)  # drawn where the generator lives (a GPU's: no host work per step)
+    keys = torch.rand(batch, half - 1, **on).argsort(dim=1)[:, :n] + 1  # distinct, from 1 .. half-1
+    values = torch.rand(batch, vocab - half, **on).argsort(dim=1)[:, :n] + half  # distinct, from half .. vocab-1
     # filler: uniform over the vocabulary minus this row's keys (redraw the few that hit a key)
-    filler = torch.randint(vocab, (batch, seq_len), generator=g)
+    filler = torch.randint(vocab, (batch, seq_len), **on)
     while True:
         hit = (filler[:, :, None] == keys[:, None, :]).any(-1)
         if not hit.any():
             break
-        filler[hit] = torch.randint(vocab, (int(hit.sum()),), generator=g)
+        filler[hit] = torch.randint(vocab, (int(hit.sum()),), **on)
     inputs = filler
     inputs[:, 0 : 2 * n : 2] = keys
     inputs[:, 1 : 2 * n : 2] = values
-    targets = torch.full((batch, seq_len), IGNORE, dtype=torch.int64)
+    targets = torch.full((batch, seq_len), IGNORE, dtype=torch.int64, device=g.device)
     # queries: q of the keys, in random order, at q distinct random positions after the context
-    which = torch.rand(batch, n, generator=g).argsort(dim=1)[:, :q]
-    where = torch.rand(batch, seq_len - 2 * n, generator=g).argsort(dim=1)[:, :q] + 2 * n
+    which = torch.rand(batch, n, **on).argsort(dim=1)[:, :q]
+    where = torch.rand(batch, seq_len - 2 * n, **on).argsort(dim=1)[:, :q] + 2 * n
     inputs.scatter_(1, where, keys.gather(1, which))
     targets.scatter_(1, where, values.gather(1, which))
     return inputs, targets
@@ -206,8 +207,8 @@ def train_one(spec: str, cfg: argparse.Namespace, device: torch.device, lr: floa
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.98))
-    train_gen = torch.Generator().manual_seed(cfg.seed)
-    eval_gen = torch.Generator().manual_seed(cfg.seed + 1_000_003)  # held out: another stream than training's
+    train_gen = torch.Generator(device).manual_seed(cfg.seed)  # batches drawn on the training device
+    eval_gen = torch.Generator(device).manual_seed(cfg.seed + 1_000_003)  # held out: another stream than training's
     eval_batch = min(cfg.batch, cfg.eval_sequences)
     eval_data = [mqar_batch(eval_batch, cfg.seq_len, cfg.num_kv_pairs, cfg.vocab, eval_gen) for _ in range(max(1, cfg.eval_sequences // eval_batch))]
     warmup = max(1, cfg.steps // 10)
@@ -223,7 +224,6 @@ def train_one(spec: str, cfg: argparse.Namespace, device: torch.device, lr: floa
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg.steps, lr, warmup)
         x, y = mqar_batch(cfg.batch, cfg.seq_len, cfg.num_kv_pairs, cfg.vocab, train_gen)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE)
         opt.zero_grad(set_to_none=True)
         loss.backward()
