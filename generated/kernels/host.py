@@ -539,7 +539,10 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # 32-token chunks, one stage, 32-wide value blocks in the gradient kernel (at most 176128)
     if K > 128:
         return Config(32, min(64, _pow2(V)), _pow2(K), 8, 1, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
-    if decay == "key":  # the walks split the key dim (each key's decay computed once, not once per value block)
+    # A decay along the key dim: the walks split the key dim, each key's decay computed once instead of once per value
+    # block (H200, gla bf16 T = 8192, walks forward / reverse: 128 key rows by 32 values 805 / 843 us, 64 by 64 446 /
+    # 503, 64 by 128 334 / 408, 32 by 128 361 / 382)
+    if decay == "key":
         return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 2, 0, min(128, _pow2(V)))
     return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
