@@ -362,3 +362,19 @@ def test_non_finite_default_scale(gla_args):
     err = _raises_argument("scale", lambda: mixer(q, k, v))
     assert "K = 4" in str(err)
     mixer(q, k, v, scale=0.5)
+
+
+def test_the_tensor_core_precision_override_is_checked(monkeypatch):
+    """LAMIXER_ACC_PRECISION (how float32 intermediates enter the tensor cores on a GPU, for measuring) takes Triton's
+    names only, and the CPU interpreter and float64 keep exact products whatever it says."""
+    from lamixer.backends import triton as tb
+
+    monkeypatch.setenv("LAMIXER_ACC_PRECISION", "bf16x3")
+    assert tb._acc_precision(torch.float32) == "ieee"  # the interpreter (conftest)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert tb._acc_precision(torch.float32) == "bf16x3" and tb._acc_precision(torch.float64) == "ieee"
+    monkeypatch.setenv("LAMIXER_ACC_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="LAMIXER_ACC_PRECISION='fp8'"):
+        tb._acc_precision(torch.float32)
+    monkeypatch.delenv("LAMIXER_ACC_PRECISION")
+    assert tb._acc_precision(torch.float32) == "tf32x3"

@@ -5,7 +5,7 @@ from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segme
 additive_scan_backward, CHUNK_DECAYS, STRIP, diagonal_span, _chunks, _chunk_cumsum, _snapshot_dtype,
 PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save,
 _chunk_grads, _chunk_setup_context, _EagerChunkScan, run_scan_op, run_chunk_scan, _setup_context,
-_backward, state_key_block, walk_key_blocks, state_stages, _acc_precision, _launch,
+_backward, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, _acc_precision, _launch,
 _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py: Config,
 _pow2, default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
@@ -409,8 +409,19 @@ def state_stages(work: torch.dtype, K: int) -> int:
     return stages if K <= 128 else stages - 1
 
 
+ACC_PRECISIONS = ("tf32x3", "bf16x3", "bf16x6", "tf32", "ieee")  # Triton 3.6's for float32 dots on NVIDIA
+
+
 def _acc_precision(acc: torch.dtype) -> str:
-    return "ieee" if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1" else "tf32x3"
+    """How float32 intermediates enter the tensor cores: tf32x3 (about float32's precision), unless
+    LAMIXER_ACC_PRECISION names another of ACC_PRECISIONS (for measuring, e.g. bf16x3: three bfloat16 products,
+    about 16 bits, fewer registers); float64 and the CPU interpreter take ieee."""
+    if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1":
+        return "ieee"
+    mode = os.environ.get("LAMIXER_ACC_PRECISION", "tf32x3")
+    if mode not in ACC_PRECISIONS:
+        raise ValueError(f"LAMIXER_ACC_PRECISION={mode!r}: expected one of {', '.join(ACC_PRECISIONS)}")
+    return mode
 
 
 def _launch(c: Config) -> dict:

@@ -463,8 +463,19 @@ def state_stages(work: torch.dtype, K: int) -> int:
     return stages if K <= 128 else stages - 1
 
 
+ACC_PRECISIONS = ("tf32x3", "bf16x3", "bf16x6", "tf32", "ieee")  # Triton 3.6's for float32 dots on NVIDIA
+
+
 def _acc_precision(acc: torch.dtype) -> str:
-    return "ieee" if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1" else "tf32x3"
+    """How float32 intermediates enter the tensor cores: tf32x3 (about float32's precision), unless
+    LAMIXER_ACC_PRECISION names another of ACC_PRECISIONS (for measuring, e.g. bf16x3: three bfloat16 products,
+    about 16 bits, fewer registers); float64 and the CPU interpreter take ieee."""
+    if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1":
+        return "ieee"
+    mode = os.environ.get("LAMIXER_ACC_PRECISION", "tf32x3")
+    if mode not in ACC_PRECISIONS:
+        raise ValueError(f"LAMIXER_ACC_PRECISION={mode!r}: expected one of {', '.join(ACC_PRECISIONS)}")
+    return mode
 
 
 def _launch(c: Config) -> dict:
