@@ -378,3 +378,16 @@ def test_the_tensor_core_precision_override_is_checked(monkeypatch):
         tb._acc_precision(torch.float32)
     monkeypatch.delenv("LAMIXER_ACC_PRECISION")
     assert tb._acc_precision(torch.float32) == "tf32x3"
+
+
+def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_by_name(monkeypatch):
+    """Asking for the Triton kernels with CPU tensors and no interpreter names the argument instead of failing
+    inside Triton's driver lookup; "auto" runs them on torch."""
+    from lamixer.check import random_call
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    m = lamixer.loads(lamixer.mixer.shipped_source("gla"), "gla")
+    tensors, _ = random_call(m, dtype=torch.float32)
+    with pytest.raises(lamixer.ArgumentError, match="argument 'backend'.*CUDA tensors.*TRITON_INTERPRET=1.*cpu"):
+        m(**tensors, backend="triton")
+    assert m(**tensors)[0].shape == (2, 37, 2, 9)
