@@ -63,13 +63,15 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # Above K = 128 the chunk-parallel kernels' tiles outgrow an H200 block's shared memory (232448 bytes) at 64-token
     # chunks and two stages (grads_bwd: 245760 bytes at bf16, 311296 to 393216 at float32; bench/sm90.py --D 256):
     # 32-token chunks, one stage, 32-wide value blocks in the gradient kernel (at most 176128)
-    if K > 128:
-        return Config(32, min(64, _pow2(V)), _pow2(K), 8, 1, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
     # A decay along the key dim: the walks split the key dim, each key's decay computed once instead of once per value
     # block (H200, gla bf16 T = 8192, walks forward / reverse: 128 key rows by 32 values 805 / 843 us, 64 by 64 446 /
-    # 503, 64 by 128 334 / 408, 32 by 128 361 / 382)
+    # 503, 64 by 128 334 / 408, 32 by 128 361 / 382), and one stage (the gradient kernel 1143 -> 1107 us). At K = 256
+    # the unsplit walks spill 11 KB at float32, 32 rows by 128 values none (compiled for sm_90, not timed)
+    if K > 128:
+        walk = (min(32, _pow2(K)), min(128, _pow2(V))) if decay == "key" else (_pow2(K), min(32, _pow2(V)))
+        return Config(32, min(64, _pow2(V)), walk[0], 8, 1, 0, walk[1], min(32, _pow2(V)), 8)
     if decay == "key":
-        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 2, 0, min(128, _pow2(V)))
+        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 1, 0, min(128, _pow2(V)))
     return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
 

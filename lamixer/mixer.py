@@ -73,6 +73,8 @@ class Mixer:
 
             # inference on short sequences runs every scan on the recurrent kernel, those the chunk templates lack included
             missing = [] if recurrent.serves(self.compiled, call) else triton_backend.unsupported(self.compiled, call.sizes)
+            if backend == "triton":
+                missing += triton_backend.launch_problems(call.device)
             backend = pick_backend(self.name, backend, call, missing)
         if backend == "interpret":
             from .backends import interpret as impl

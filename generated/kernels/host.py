@@ -4,10 +4,10 @@ Copied by lamixer compile, unchanged but for the custom ops' namespace and the i
 from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, additive_scan,
 additive_scan_backward, CHUNK_DECAYS, STRIP, diagonal_span, _chunks, _chunk_cumsum, _snapshot_dtype,
 PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save,
-_chunk_grads, _chunk_setup_context, _EagerChunkScan, run_scan_op, run_chunk_scan, _setup_context,
-_backward, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, _acc_precision, _launch,
-_segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py: Config,
-_pow2, default_config.
+_chunk_grads, _chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op, run_chunk_scan,
+_setup_context, _backward, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS,
+_acc_precision, _launch, _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from
+lamixer/autotune.py: Config, _pow2, default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
 file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's
 cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -48,6 +48,21 @@ _ACC = {torch.float32: "float32", torch.float64: "float64"}  # state and accumul
 
 
 MAX_HEAD_DIM = 256  # a whole key (or value) row of the state sits in one program's registers
+
+
+def launch_problems(device: torch.device) -> list[str]:
+    """Why Triton cannot launch kernels on tensors of this device (empty when it can): CUDA tensors; CPU ones under
+    TRITON_INTERPRET=1 or a driver set for them (bench/sm90.py's compile-only one)."""
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return []
+    from triton.runtime import driver
+
+    try:
+        if driver.active.get_active_torch_device().type == device.type:
+            return []
+    except RuntimeError:  # no driver at all: no GPU
+        pass
+    return [f"the inputs are on {device}, and the kernels run on CUDA tensors (on the CPU under TRITON_INTERPRET=1)"]
 
 
 def _read_mode(decayed: bool, written: bool) -> str:
@@ -548,13 +563,15 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # Above K = 128 the chunk-parallel kernels' tiles outgrow an H200 block's shared memory (232448 bytes) at 64-token
     # chunks and two stages (grads_bwd: 245760 bytes at bf16, 311296 to 393216 at float32; bench/sm90.py --D 256):
     # 32-token chunks, one stage, 32-wide value blocks in the gradient kernel (at most 176128)
-    if K > 128:
-        return Config(32, min(64, _pow2(V)), _pow2(K), 8, 1, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
     # A decay along the key dim: the walks split the key dim, each key's decay computed once instead of once per value
     # block (H200, gla bf16 T = 8192, walks forward / reverse: 128 key rows by 32 values 805 / 843 us, 64 by 64 446 /
-    # 503, 64 by 128 334 / 408, 32 by 128 361 / 382)
+    # 503, 64 by 128 334 / 408, 32 by 128 361 / 382), and one stage (the gradient kernel 1143 -> 1107 us). At K = 256
+    # the unsplit walks spill 11 KB at float32, 32 rows by 128 values none (compiled for sm_90, not timed)
+    if K > 128:
+        walk = (min(32, _pow2(K)), min(128, _pow2(V))) if decay == "key" else (_pow2(K), min(32, _pow2(V)))
+        return Config(32, min(64, _pow2(V)), walk[0], 8, 1, 0, walk[1], min(32, _pow2(V)), 8)
     if decay == "key":
-        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 2, 0, min(128, _pow2(V)))
+        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 1, 0, min(128, _pow2(V)))
     return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
 

@@ -56,7 +56,8 @@ def choose(call, backend):
 
 def _choose(call, backend):
     recurrent = serves(call)
-    if pick_backend("lln", backend, call, [] if recurrent else unsupported(call)) == "torch":
+    missing = ([] if recurrent else unsupported(call)) + (host.launch_problems(call.device) if backend == "triton" else [])
+    if pick_backend("lln", backend, call, missing) == "torch":
         return torch_scan
     dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
     if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -327,8 +326,6 @@ def pick_backend(name: str, backend: str, call: Call, missing: list[str]) -> str
     empty), else torch; asking for "triton" when they cannot is an error naming why."""
     if backend == "triton" and missing:
         raise ArgumentError("backend", f"{name} cannot run on Triton kernels: {'; '.join(missing)}")
-    if backend == "triton" and call.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ArgumentError("backend", f"'triton' runs on CUDA tensors (or on the CPU under TRITON_INTERPRET=1); the inputs are on {call.device}")
     if backend == "auto":
         return "triton" if call.device.type == "cuda" and not missing else "torch"
     return backend

@@ -48,6 +48,21 @@ def unsupported(compiled: Compiled, sizes: dict[str, int] | None = None) -> list
     return reasons
 
 
+def launch_problems(device: torch.device) -> list[str]:
+    """Why Triton cannot launch kernels on tensors of this device (empty when it can): CUDA tensors; CPU ones under
+    TRITON_INTERPRET=1 or a driver set for them (bench/sm90.py's compile-only one)."""
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return []
+    from triton.runtime import driver
+
+    try:
+        if driver.active.get_active_torch_device().type == device.type:
+            return []
+    except RuntimeError:  # no driver at all: no GPU
+        pass
+    return [f"the inputs are on {device}, and the kernels run on CUDA tensors (on the CPU under TRITON_INTERPRET=1)"]
+
+
 @functools.cache
 def _environment() -> jinja2.Environment:
     root = resources.files("lamixer").joinpath("templates")
