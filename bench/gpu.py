@@ -117,8 +117,8 @@ def main():
         if not args.skip_time:
             timed = [lamixer.load(n) for n in (args.time_specs.split(",") if args.time_specs else names)]
             vs = {"sdpa"} | ({"fla"} if args.fla else set())
-            timing = bench.run(timed, [int(t) for t in args.Ts.split(",") if t], vs, decode=not args.skip_decode, log=lambda r: print(r, flush=True))
-            res["timing"] = timing
+            bench.run(timed, [int(t) for t in args.Ts.split(",") if t], vs, decode=not args.skip_decode, log=lambda r: print(r, flush=True),
+                      save=lambda timing: res.update(timing=timing))  # rows so far: a run cut short (timeout -s INT) keeps them  # fmt: skip
     finally:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "gpu.json"), "w") as f:

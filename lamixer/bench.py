@@ -18,6 +18,7 @@ from .check import random_call
 from .mixer import Mixer
 
 H, D, BT_TOTAL = 16, 128, 32768
+DEVICE = "cuda"  # where run() puts its tensors
 
 # The competitor for each shipped spec in flash-linear-attention: (chunk op, its call, recurrent op for decode, its call).
 COMPETITORS = {
@@ -99,47 +100,49 @@ def floors(tensors: dict, out_numel: int, bandwidth: float) -> tuple[float, floa
     return 1e3 * (ins + out) / bandwidth, 1e3 * (2 * ins + 2 * out) / bandwidth
 
 
-def run(mixers: list[Mixer], Ts: list[int], vs: set[str], decode: bool = True, log=print) -> dict:
-    """Every row of one benchmark run."""
+def run(mixers: list[Mixer], Ts: list[int], vs: set[str], decode: bool = True, log=print, save=None) -> dict:
+    """Every row of one benchmark run; save(result so far) after each row, so that a run cut short keeps its rows."""
     bandwidth = copy_bandwidth()
     have_fla = "fla" in vs and fla_available()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": round(bandwidth / 1e9, 1),
            "fla": have_fla, "rows": []}  # fmt: skip
     rows = res["rows"]
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        log(row)
+        if save:
+            save(res)
     for T in Ts:
         B = BT_TOTAL // T
         for m in mixers:
-            tensors, _ = random_call(m, B=B, T=T, H=H, size=D, dtype=torch.bfloat16, initial_state=False, device="cuda", distinct=False)
+            tensors, _ = random_call(m, B=B, T=T, H=H, size=D, dtype=torch.bfloat16, initial_state=False, device=DEVICE, distinct=False)
             tensors = {k: v.requires_grad_() for k, v in tensors.items()}
-            do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+            do = torch.randn(B, T, H, D, device=DEVICE, dtype=torch.bfloat16)
             fwd_floor, fb_floor = floors({k: v for k, v in tensors.items() if v.dim() >= 3}, do.numel(), bandwidth)
             ours = _time(f"lamixer {m.name}", lambda: m(**tensors, backend="triton")[0], do, dict(T=T, B=B))
             ours.update(fwd_floor_ms=round(fwd_floor, 4), fwdbwd_floor_ms=round(fb_floor, 4))
             if "fwd_ms" in ours:
                 ours["fwd_vs_floor"] = round(ours["fwd_ms"] / fwd_floor, 2)
-            rows.append(ours)
-            log(ours)
+            emit(ours)
             if have_fla and m.name in COMPETITORS:
                 path, call = COMPETITORS[m.name][:2]
                 fn = _import(path)
                 theirs = _time(f"fla {path.split(':')[1]}", lambda: call(fn, tensors)[0], do, dict(T=T, B=B))
-                rows.append(theirs)
-                log(theirs)
                 for k in ("fwd_ms", "fwdbwd_ms"):
                     if k in ours and k in theirs:
                         ours[f"{k[:-3]}_vs_fla"] = round(ours[k] / theirs[k], 2)
+                emit(theirs)
         if "sdpa" in vs:
-            q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-            do = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-            rows.append(_time("sdpa causal", lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                                                   is_causal=True).transpose(1, 2), do, dict(T=T, B=B)))  # fmt: skip
-            log(rows[-1])
+            q, k, v = (torch.randn(B, T, H, D, device=DEVICE, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+            do = torch.randn(B, T, H, D, device=DEVICE, dtype=torch.bfloat16)
+            emit(_time("sdpa causal", lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                                              is_causal=True).transpose(1, 2), do, dict(T=T, B=B)))  # fmt: skip
         torch.cuda.empty_cache()
     if decode:
         for m in mixers:
             for row in decode_rows(m, bandwidth, have_fla):
-                rows.append(row)
-                log(row)
+                emit(row)
     return res
 
 

@@ -236,11 +236,15 @@ def bench(specs: tuple[str, ...], vs: str, Ts: str, decode: bool, plot_file: str
         if missing:
             raise click.ClickException(f"{m.name} has no Triton kernels yet: {'; '.join(missing)}")
     lengths = [int(t) for t in Ts.split(",")]
-    res = bench_mod.run(mixers, lengths, set(vs.split(",")), decode, log=lambda row: console.print(row))
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"bench_{'_'.join(m.name for m in mixers)}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+
+    def save(res: dict) -> None:  # after every row (atomically): a run cut short keeps what it measured
+        with open(path + ".tmp", "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+    res = bench_mod.run(mixers, lengths, set(vs.split(",")), decode, log=lambda row: console.print(row), save=save)
     table = Table(title=f"{res['device']}: B*T = 32768, H = 16, D = 128, bf16 (median ms)")
     for col in ("op", "T", "fwd", "fwd+bwd", "peak GiB", "vs FLA fwd / fwd+bwd", "fwd vs floor"):
         table.add_column(col)

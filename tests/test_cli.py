@@ -105,3 +105,25 @@ def test_compile_writes_packages(tmp_path):
     assert {"runtime", "kernels", "scans.py", "mixer.py", "layer.py"} <= {p.name for p in (tmp_path / "one" / "gla").iterdir()}
     code, out = run("compile", "-o", str(tmp_path))
     assert code != 0 and "--all" in out
+
+
+def test_bench_saves_its_rows_as_it_goes(monkeypatch):
+    """lamixer bench's run hands the result so far to save() after every row (the CLI writes it, atomically), so a
+    run cut short by a time limit keeps what it measured. The timing itself is stubbed: there is no GPU here."""
+    import torch
+
+    from lamixer import bench
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "BT_TOTAL", 32)
+    monkeypatch.setattr(bench, "H", 2)
+    monkeypatch.setattr(bench, "D", 8)
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda: 1e12)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stub")
+    monkeypatch.setattr(bench, "_time", lambda op, fn, do, extra: dict(op=op, **extra, fwd_ms=1.0, fwdbwd_ms=2.0))
+    saved = []
+    res = bench.run([lamixer.load("gla"), lamixer.load("deltanet")], [16, 32], {"sdpa"}, decode=False, log=lambda row: None,
+                    save=lambda r: saved.append([row["op"] for row in r["rows"]]))  # fmt: skip
+    ops = ["lamixer gla", "lamixer deltanet", "sdpa causal"] * 2
+    assert [row["op"] for row in res["rows"]] == ops and saved == [ops[:i] for i in range(1, 7)]
+    assert [row["T"] for row in res["rows"]] == [16, 16, 16, 32, 32, 32]
