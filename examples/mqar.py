@@ -286,7 +286,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--out", default=None, help="write the table, the configuration and the machine to this JSON file")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="train nothing: print the table of saved runs (--out files of one configuration, "
+                   "e.g. one per learning rate), each spec's best run, and write it to --out")  # fmt: skip
     args = p.parse_args(argv)
+    if args.merge:
+        return args
     base = TINY if args.tiny else FULL
     for key, value in base.items():
         if getattr(args, key) is None:
@@ -316,8 +320,38 @@ def device_info(device: torch.device) -> dict:
     return info
 
 
+def merge(paths: list[str]) -> dict:
+    """Saved runs of one configuration (learning rates and specs aside) as one record: each spec's best run, with every
+    rate's accuracy in its sweep; the record keeps each file's command and machine."""
+    records = [json.load(open(p)) for p in paths]
+    same = ("steps", "d_model", "layers", "heads", "seq_len", "num_kv_pairs", "vocab", "batch", "eval_sequences", "seed")
+    first = records[0]["config"]
+    for path, r in zip(paths, records):
+        differ = [k for k in same if r["config"].get(k) != first.get(k)]
+        if differ:
+            raise SystemExit(f"--merge: {path} differs from {paths[0]} in {', '.join(differ)}")
+    best: dict[str, dict] = {}
+    for r in records:
+        for row in r["results"]:
+            sweep = {**best.get(row["spec"], {}).get("sweep", {}), **row.get("sweep", {str(row["lr"]): row["accuracy"]})}
+            keep = row if row["spec"] not in best or row["accuracy"] > best[row["spec"]]["accuracy"] else best[row["spec"]]
+            best[row["spec"]] = {**keep, "sweep": dict(sorted(sweep.items(), key=lambda kv: float(kv[0])))}
+    config = {**first, "lr": ",".join(sorted({str(k) for row in best.values() for k in row["sweep"]}, key=float))}
+    return {"task": "mqar", "config": config, "merged": [{"file": os.path.basename(p), "command": r["command"], "machine": r["machine"]}
+            for p, r in zip(paths, records)], "chance": records[0]["chance"], "results": list(best.values())}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.merge:
+        record = merge(args.merge)
+        c = record["config"]
+        print_table(record["results"], f"MQAR: {c['num_kv_pairs']} pairs, seq {c['seq_len']}, vocab {c['vocab']}, d_model {c['d_model']} x {c['layers']} layers, "
+                    f"{c['heads']} heads, {c['steps']} steps of {c['batch']} (merged: {', '.join(os.path.basename(p) for p in args.merge)})")  # fmt: skip
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(record, f, indent=2)
+        return record["results"]
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -8,6 +8,7 @@ default is used at once: tuning only ever happens when asked for (`lamixer autot
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -93,7 +94,7 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
                             c = Config(32 if wide else 64, BV, BK, warps, stages, 0, BW)
                             if c not in out:
                                 out.append(c)
-        return out
+        return nearest_first(out)
     for BT in (16, 32):
         for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
             for BK in sorted({min(32, _pow2(K)), min(64, _pow2(K))}):
@@ -103,7 +104,14 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
                             c = Config(BT, BV, BK, warps, stages, split)
                             if c not in out:
                                 out.append(c)
-    return out
+    return nearest_first(out)
+
+
+def nearest_first(space: list[Config]) -> list[Config]:
+    """The default first, then the others by how many settings they change from it: a search cut short by a limit
+    tries every one-setting change before any combination."""
+    base = space[0].as_list()
+    return space[:1] + sorted(space[1:], key=lambda c: sum(a != b for a, b in zip(c.as_list(), base)))
 
 
 def shape_bucket(B: int, T: int, H: int, K: int, V: int) -> str:
@@ -155,7 +163,43 @@ def entry_key(device: str, kernel_hash: str, dtype: torch.dtype, bucket: str) ->
     return "|".join([device, kernel_hash, str(dtype).replace("torch.", ""), bucket])
 
 
+def _bucket_sizes(bucket: str) -> tuple[str, float, float] | None:
+    """A shape bucket's head dims and its length and batch x heads (log2), or None for a key of another form."""
+    parts = bucket.split("-")
+    try:
+        return parts[0] + "-" + parts[1], _log2(parts[2], "T"), _log2(parts[3], "BH")
+    except (IndexError, ValueError):
+        return None
+
+
+def _log2(field: str, prefix: str) -> float:
+    if not field.startswith(prefix):
+        raise ValueError(field)
+    return math.log2(int(field[len(prefix):]))
+
+
+def nearest_key(key: str) -> str | None:
+    """key itself when it has an entry, else the entry of the same GPU, kernels, dtype and head dims whose length and
+    batch x heads are nearest (in powers of two): a tuned configuration serves the shapes around the one it was tuned at."""
+    entries = _entries()
+    if key in entries:
+        return key
+    prefix, _, bucket = key.rpartition("|")
+    want = _bucket_sizes(bucket)
+    if want is None:
+        return None
+    near = []
+    for other in entries:
+        head, _, b = other.rpartition("|")
+        have = _bucket_sizes(b) if head == prefix else None
+        if have is not None and have[0] == want[0]:
+            near.append((abs(have[1] - want[1]) + abs(have[2] - want[2]), other))
+    return min(near)[1] if near else None
+
+
 def lookup(key: str) -> Config | None:
+    """The configuration stored for key, else for the nearest shape bucket of the same kernels (nearest_key), else None."""
+    key = nearest_key(key) or key
     found = _entries().get(key)
     try:
         return Config.from_list(found["config"]) if found else None

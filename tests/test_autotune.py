@@ -48,6 +48,27 @@ def test_shape_buckets_share_entries():
     assert at.shape_bucket(4, 8192, 16, 128, 128) != at.shape_bucket(4, 8192, 16, 64, 128)
 
 
+def test_a_shape_without_an_entry_takes_the_nearest_tuned_one_of_the_same_kernels():
+    tuned, far = at.Config(32, 64, 32, 8, 2), at.Config(64, 32, 32, 4, 1)
+    at.store(at.entry_key("gpu", "abc", torch.bfloat16, at.shape_bucket(4, 8192, 16, 128, 128)), tuned, {})
+    at.store(at.entry_key("gpu", "abc", torch.bfloat16, at.shape_bucket(1, 512, 1, 128, 128)), far, {})
+    assert at.lookup(at.entry_key("gpu", "abc", torch.bfloat16, at.shape_bucket(2, 16384, 16, 128, 128))) == tuned
+    assert at.lookup(at.entry_key("gpu", "abc", torch.bfloat16, at.shape_bucket(1, 256, 2, 128, 128))) == far
+    for other in (at.entry_key("gpu2", "abc", torch.bfloat16, at.shape_bucket(4, 8192, 16, 128, 128)),  # another GPU,
+                  at.entry_key("gpu", "abd", torch.bfloat16, at.shape_bucket(4, 8192, 16, 128, 128)),  # other kernels,
+                  at.entry_key("gpu", "abc", torch.float32, at.shape_bucket(4, 8192, 16, 128, 128)),  # dtype,
+                  at.entry_key("gpu", "abc", torch.bfloat16, at.shape_bucket(4, 8192, 16, 64, 128))):  # head dims
+        assert at.lookup(other) is None
+
+
+@pytest.mark.parametrize("family, decay", [(at, "none"), (at, "scalar"), (at, "key"), (at, "value"), (tb.triton_delta, "none"), (tb.triton_delta, "key")])
+def test_a_search_cut_short_tries_single_changes_from_the_default_first(family, decay):
+    space = family.candidates(decay, 128, 128)
+    assert space[0] == family.default_config(decay, 128, 128) and len(set(space)) == len(space)
+    changed = [sum(a != b for a, b in zip(c.as_list(), space[0].as_list())) for c in space[1:]]
+    assert changed == sorted(changed) and changed[0] < changed[-1]
+
+
 def test_tune_checks_times_and_stores_the_fastest(monkeypatch):
     broken = at.Config(48, 16, 16, 4, 1)  # not a power of two: the kernel cannot be built
     monkeypatch.setattr(at, "candidates", lambda decay, K, V: [at.default_config(decay, K, V), broken, at.Config(32, 16, 16, 4, 1)])

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..autotune import Config, _pow2
+from ..autotune import Config, _pow2, nearest_first
 from ..runtime import fuse
 from . import triton as tb
 from .torch import ScanOperands
@@ -55,7 +55,7 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
                         c = Config(BT, BV, BK, warps, stages)
                         if c not in out:
                             out.append(c)
-    return out
+    return nearest_first(out)
 
 
 def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
