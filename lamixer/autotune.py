@@ -13,7 +13,7 @@ import os
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -91,9 +91,15 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
                 for BK in walk_keys:
                     for BW in walk_values:
                         for stages in (1,) if wide else (1, 2, 3):
-                            c = Config(32 if wide else 64, BV, BK, warps, stages, 0, BW)
+                            c = replace(out[0], BT=32 if wide else 64, BV=BV, BK=BK, num_warps=warps, num_stages=stages, BW=BW)
                             if c not in out:
                                 out.append(c)
+        # the gradient kernel's own value block and warps (0: the chunk-parallel kernels'), changed one at a time
+        for BG in sorted({0, min(32, _pow2(V)), min(64, _pow2(V))}):
+            for warps_grad in (0, 4, 8):
+                c = replace(out[0], BG=BG, warps_grad=warps_grad)
+                if c not in out:
+                    out.append(c)
         return nearest_first(out)
     for BT in (16, 32):
         for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
@@ -273,7 +279,15 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
 
     tuned, space = search_space(mixer, size)
     K = size
-    trials = []
+    acc = "float32"
+    keys = []  # the entries the winner is stored under: one per kernel source of the searched family
+    for s in mixer.compiled.classification.scans:
+        if chunk_config(s)[0] == tuned:
+            family = tb.triton_delta if s.rule == "delta" else tb
+            key = entry_key(device_name(torch.device(device)), family.kernel_hash(*family.template_config(s), acc), dtype, shape_bucket(B, T, H, K, size))
+            keys += [key] if key not in keys else []
+    trials: list[Trial] = []
+    best: Trial | None = None
     for config in space[:limit]:
         tb.CONFIG_OVERRIDE, tb.OVERRIDE_FAMILY = config, tuned  # the spec's scans of other families keep their own
         try:
@@ -281,36 +295,23 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
             error = max(rel_rms(got[k], reference[k]) for k in reference)
         except Exception as e:  # a configuration the compiler or the GPU rejects (registers, shared memory)
             trials.append(Trial(config, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
-            tb.CONFIG_OVERRIDE = tb.OVERRIDE_FAMILY = None
-            if on_trial:
-                on_trial(trials[-1])
-            continue
-        if not error < tol:
-            trials.append(Trial(config, error, None, "wrong: not timed"))
         else:
-            trials.append(Trial(config, error, _time(lambda: _step(mixer, leaves, h0, do), device)))
-        tb.CONFIG_OVERRIDE = tb.OVERRIDE_FAMILY = None
+            if not error < tol:
+                trials.append(Trial(config, error, None, "wrong: not timed"))
+            else:
+                trials.append(Trial(config, error, _time(lambda: _step(mixer, leaves, h0, do), device)))
+        finally:
+            tb.CONFIG_OVERRIDE = tb.OVERRIDE_FAMILY = None
+        t = trials[-1]
+        if t.ms is not None and (best is None or t.ms < best.ms):
+            best = t  # stored at once: a search cut short keeps the fastest configuration it found
+            for key in keys:
+                store(key, best.config, {describe(x.config): x.ms for x in trials if x.ms is not None})
         if on_trial:
-            on_trial(trials[-1])
-    tb.CONFIG_OVERRIDE = tb.OVERRIDE_FAMILY = None
-    timed = [t for t in trials if t.ms is not None]
-    if not timed:
-        return trials, []
-    best = min(timed, key=lambda t: t.ms)
-    keys = []
-    acc = "float32"
-    for s in mixer.compiled.classification.scans:
-        if chunk_config(s)[0] != tuned:
-            continue
-        family = tb.triton_delta if s.rule == "delta" else tb
-        key = entry_key(device_name(torch.device(device)), family.kernel_hash(*family.template_config(s), acc), dtype,
-                        shape_bucket(B, T, H, K, size))  # fmt: skip
-        if key not in keys:
-            store(key, best.config, {describe(t.config): t.ms for t in timed})
-            keys.append(key)
+            on_trial(t)
     tb._chosen.clear()
     tb._traced.clear()
-    return trials, keys
+    return trials, keys if best is not None else []
 
 
 def _time(fn, device: str) -> float:

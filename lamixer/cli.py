@@ -198,7 +198,9 @@ def autotune(spec: str, B: int, T: int, H: int, size: int, dtype: str, limit: in
 
         def on_trial(t):
             progress.advance(task)
-            table.add_row(at.describe(t.config), "-" if t.error is None else f"{t.error:.1e}", "-" if t.ms is None else f"{t.ms:.3f}", t.note)
+            row = (at.describe(t.config), "-" if t.error is None else f"{t.error:.1e}", "-" if t.ms is None else f"{t.ms:.3f}", t.note)
+            table.add_row(*row)
+            progress.console.print("  ".join(row), highlight=False)  # as it goes: the fastest so far is already stored
 
         try:
             trials, keys = at.tune(m, B, T, H, size, torch_dtype, "cpu" if interpret else "cuda", limit, on_trial)
