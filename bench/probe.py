@@ -1,6 +1,6 @@
 """Where the time goes: time chosen kernel configurations of specs and list each launch's GPU time.
 
-    python bench/probe.py --specs gla,simple_gla --configs "64,64,64,4,1,1;64,64,64,4,1,0" [--T 8192] [--fla]
+    python bench/probe.py --specs gla,simple_gla --configs "64,64,128,4,2,32;64,32,128,4,2,32" [--T 8192] [--fla]
 
 Each configuration (autotune.Config as BT,BV,BK,num_warps,num_stages,split[,BW,BG,warps_grad]) is first checked against
 the torch backend at a small shape (fp32), then timed at B*T = 32768, H = 16, D = 128, bf16 (forward
@@ -54,7 +54,7 @@ def check(m, config) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--specs", required=True)
-    ap.add_argument("--configs", default="", help="';'-separated BT,BV,BK,warps,stages,split[,BW,BG,warps_grad] (default: the spec's default)")
+    ap.add_argument("--configs", default="", help="';'-separated BT,BV,BK,warps,stages[,BW,BG,warps_grad] (default: the spec's default)")
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--fla", action="store_true")
     ap.add_argument("--compile", action="store_true", help="also time the call under torch.compile(fullgraph=True)")

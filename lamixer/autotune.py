@@ -19,30 +19,27 @@ from pathlib import Path
 
 import torch
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: configurations of eight settings (scan_additive's split gone)
 
 
 @dataclass(frozen=True)
 class Config:
-    """A launch configuration. chunk_additive (decay none, scalar or along the key dim) uses BT, BV (value
-    block of the chunk-parallel kernels), BW and BK (value block and key rows of a program of the two sequential
-    state walks: BK < K splits the key dim over programs), num_warps
-    (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its gradient kernel (0: BV /
-    num_warps); scan_additive (decay along the value dim) uses BT, BV (forward and reverse walks), BK (key
-    block of its dq walk), num_warps, num_stages and split."""
+    """A launch configuration. chunk_additive (the additive rule) uses BT, BV (value block of the chunk-parallel
+    kernels), BW and BK (value block and key rows of a program of the two sequential state walks: BK < K splits
+    the key dim over programs), num_warps (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its
+    gradient kernel (0: BV / num_warps); scan_delta (the delta rule) BT, BV, BK, num_warps and num_stages."""
 
-    BT: int  # chunk length (divides the 64-token segment of scan_additive's d(log decay))
+    BT: int  # chunk length (divides the 64-token segment of scan_delta's d(log decay))
     BV: int
     BK: int
     num_warps: int
     num_stages: int
-    split: int = 0  # scan_additive: 1 = each walk runs a state pass, then every 64-token segment in parallel
     BW: int = 32  # chunk_additive: value block of the state walks
     BG: int = 0  # chunk_additive: value block of the gradient kernel (0: BV)
     warps_grad: int = 0  # chunk_additive: the gradient kernel's warps (0: num_warps)
 
     def as_list(self) -> list[int]:
-        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split, self.BW, self.BG, self.warps_grad]
+        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.BW, self.BG, self.warps_grad]
 
     @staticmethod
     def from_list(values) -> Config:
@@ -55,8 +52,6 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 
 def default_config(decay: str, K: int, V: int) -> Config:
-    if decay == "value":  # scan_additive holds [BT, BT, V] weights in registers: short chunks, more warps
-        return Config(16, min(64, _pow2(V)), min(64, _pow2(K)), 8, 1)
     # chunk_additive: a whole key row per program; a decay along the key dim adds 16-row strips of work. Without
     # one, the gradient kernel takes 32-wide value blocks on 8 warps and the output kernel 64-wide on 4: measured
     # on the H200 (simple_gla, K = V = 128, bf16) grads 1285 -> 1136 us, while the output kernel at the gradient
@@ -70,46 +65,35 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # the unsplit walks spill 11 KB at float32, 32 rows by 128 values none (compiled for sm_90, not timed)
     if K > 128:
         walk = (min(32, _pow2(K)), min(128, _pow2(V))) if decay == "key" else (_pow2(K), min(32, _pow2(V)))
-        return Config(32, min(64, _pow2(V)), walk[0], 8, 1, 0, walk[1], min(32, _pow2(V)), 8)
+        return Config(32, min(64, _pow2(V)), walk[0], 8, 1, walk[1], min(32, _pow2(V)), 8)
     if decay == "key":
-        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 1, 0, min(128, _pow2(V)))
-    return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
+        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 1, min(128, _pow2(V)))
+    return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
 
 def candidates(decay: str, K: int, V: int) -> list[Config]:
-    """The search space, default first: for chunk_additive the chunk-parallel kernels' value block and warps,
-    the walks' value block and key rows, and pipeline stages; for scan_additive chunk length, blocks, warps, stages, split."""
+    """chunk_additive's search space, default first: the chunk-parallel kernels' value block and warps, the walks'
+    value block and key rows, pipeline stages, and the gradient kernel's value block and warps."""
     out = [default_config(decay, K, V)]
-    if decay != "value":
-        wide = K > 128  # 32-token chunks and one stage, as the default: more overflows an H200 block's shared memory
-        # the walks' key rows per program: a decay along the key dim is computed once per key row and program
-        # and value block (wider when the key dim is split)
-        walk_keys = sorted({min(32, _pow2(K)), min(64, _pow2(K)), _pow2(K)}) if decay == "key" else [_pow2(K)]
-        walk_values = sorted({min(w, _pow2(V)) for w in ((32, 64, 128) if decay == "key" else (16, 32, 64))})
-        for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
-            for warps in (4, 8):
-                for BK in walk_keys:
-                    for BW in walk_values:
-                        for stages in (1,) if wide else (1, 2, 3):
-                            c = replace(out[0], BT=32 if wide else 64, BV=BV, BK=BK, num_warps=warps, num_stages=stages, BW=BW)
-                            if c not in out:
-                                out.append(c)
-        # the gradient kernel's own value block and warps (0: the chunk-parallel kernels'), changed one at a time
-        for BG in sorted({0, min(32, _pow2(V)), min(64, _pow2(V))}):
-            for warps_grad in (0, 4, 8):
-                c = replace(out[0], BG=BG, warps_grad=warps_grad)
-                if c not in out:
-                    out.append(c)
-        return nearest_first(out)
-    for BT in (16, 32):
-        for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
-            for BK in sorted({min(32, _pow2(K)), min(64, _pow2(K))}):
-                for warps in (4, 8):
-                    for stages in (1, 2):
-                        for split in (1, 0):
-                            c = Config(BT, BV, BK, warps, stages, split)
-                            if c not in out:
-                                out.append(c)
+    wide = K > 128  # 32-token chunks and one stage, as the default: more overflows an H200 block's shared memory
+    # the walks' key rows per program: a decay along the key dim is computed once per key row and program
+    # and value block (wider when the key dim is split)
+    walk_keys = sorted({min(32, _pow2(K)), min(64, _pow2(K)), _pow2(K)}) if decay == "key" else [_pow2(K)]
+    walk_values = sorted({min(w, _pow2(V)) for w in ((32, 64, 128) if decay == "key" else (16, 32, 64))})
+    for BV in sorted({min(32, _pow2(V)), min(64, _pow2(V)), min(128, _pow2(V))}):
+        for warps in (4, 8):
+            for BK in walk_keys:
+                for BW in walk_values:
+                    for stages in (1,) if wide else (1, 2, 3):
+                        c = replace(out[0], BT=32 if wide else 64, BV=BV, BK=BK, num_warps=warps, num_stages=stages, BW=BW)
+                        if c not in out:
+                            out.append(c)
+    # the gradient kernel's own value block and warps (0: the chunk-parallel kernels'), changed one at a time
+    for BG in sorted({0, min(32, _pow2(V)), min(64, _pow2(V))}):
+        for warps_grad in (0, 4, 8):
+            c = replace(out[0], BG=BG, warps_grad=warps_grad)
+            if c not in out:
+                out.append(c)
     return nearest_first(out)
 
 

@@ -89,12 +89,22 @@ def test_tune_refuses_specs_without_kernels():
         at.tune(two_reads, 1, 8, 1, 16, torch.float32, "cpu")
 
 
+TWO_FAMILIES = """mixer delta_then_gla
+dims K, V
+input q[K], k[K], v[V], beta[] in (0, 1), g[K] in (-inf, 0)
+state S[K, V], R[K, V]
+S = S + outer(beta * k, v - k @ S)
+R = exp(g) * R + outer(k, v)
+out o = q @ S + q @ R
+"""
+
+
 def test_tuning_a_spec_of_two_families_touches_only_the_one_it_searched(monkeypatch):
-    """gsa: a value-dim scan (scan_additive), then a key-dim one (chunk_additive). The search is the first family's;
+    """A delta-rule scan (scan_delta), then a key-dim decay one (chunk_additive). The search is the first family's;
     the other scan runs on its own default meanwhile and its cache entry is left alone."""
-    m = lamixer.load("gsa")
+    m = lamixer.loads(TWO_FAMILIES)
     family, space = at.search_space(m, 16)
-    assert family == "scan_additive" and space[0] == at.default_config("value", 16, 16)
+    assert family == tb.triton_delta.FAMILY and space[0] == tb.triton_delta.default_config("none", 16, 16)
     seen = []
     real = tb.scan_config
 
@@ -105,8 +115,7 @@ def test_tuning_a_spec_of_two_families_touches_only_the_one_it_searched(monkeypa
 
     monkeypatch.setattr(tb, "scan_config", spy)
     trials, keys = at.tune(m, 1, 24, 2, 16, torch.float32, "cpu", limit=2)
-    assert {d for d, c in seen if c in (t.config for t in trials)} <= {"value"}
-    assert any(d == "key" and c == at.default_config("key", 16, 16) for d, c in seen)
-    value_scan = m.compiled.classification.scans[0]
-    assert keys == [at.entry_key(at.device_name(torch.device("cpu")), tb.kernel_hash(*tb.template_config(value_scan), "float32"), torch.float32,
-                                 at.shape_bucket(1, 24, 2, 16, 16))]  # fmt: skip
+    assert len(trials) == 2 and seen and all(d == "key" and c == at.default_config("key", 16, 16) for d, c in seen)
+    delta_scan = m.compiled.classification.scans[0]
+    assert keys == [at.entry_key(at.device_name(torch.device("cpu")), tb.triton_delta.kernel_hash(*tb.triton_delta.template_config(delta_scan), "float32"),
+                                 torch.float32, at.shape_bucket(1, 24, 2, 16, 16))]  # fmt: skip

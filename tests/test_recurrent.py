@@ -36,7 +36,7 @@ def launches(monkeypatch):
         raise AssertionError("a chunk kernel ran where the recurrent kernel should")
 
     monkeypatch.setattr(recurrent, "launch", spy)
-    monkeypatch.setattr(triton_backend, "additive_scan", chunk)
+    monkeypatch.setattr(triton_backend, "run_chunk_scan", chunk)
     return seen
 
 

@@ -108,22 +108,6 @@ def test_torch_compile_fullgraph_does_not_break_on_a_mixer(name, monkeypatch):
         assert torch.equal(leaves[k].grad, eager[k].grad), k
 
 
-@pytest.mark.parametrize("spec", ["gsa", os.path.join(EXAMPLES, "value_gated.lam")])
-def test_split_walks_match_interpreter(spec, monkeypatch):
-    """scan_additive (a value-dim decay) walks forward and backward as state passes plus every 64-token segment in
-    parallel (an autotuning choice)."""
-    from dataclasses import replace
-
-    from lamixer.autotune import default_config
-
-    m = lamixer.load(spec)
-    assert "scan_additive" in {triton_backend.family(triton_backend.template_config(s)[0]) for s in m.compiled.classification.scans}
-    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", replace(default_config("value", 16, 16), split=1))
-    for T, cu in [(150, None), (None, [0, 5, 150, 171])]:
-        tensors, states = random_call(m, T=T or 1, H=2, cu_seqlens=cu, seed=6)
-        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=6), f"{spec} split T={T} cu={cu}")
-
-
 @pytest.mark.parametrize("name", ["gla", "simple_gla", "linear_attn"])
 def test_walks_split_over_key_rows_match_interpreter(name, monkeypatch):
     """chunk_additive's state walks with the key dim split over programs (Config.BK below K; K = 40: three programs of
@@ -292,7 +276,7 @@ def test_tracing_reads_the_configuration_an_eager_call_chose_for_its_shape(monke
     assert traced(x, 2 * 8192).tolist() == [64.0, 64.0]  # no eager call of that bucket: the last choice for these dims
 
 
-@pytest.mark.parametrize("spec", ["gated_deltanet", "gsa", os.path.join(EXAMPLES, "gated_delta_vector.lam")])
+@pytest.mark.parametrize("spec", ["gated_deltanet", os.path.join(EXAMPLES, "gated_delta_vector.lam")])
 def test_decay_gradient_assembly_fused(spec, monkeypatch):
     """The backward ops assemble d(log decay) from the kernels' outputs with torch operations, which run under
     torch.compile on a fusing device (runtime/fuse.py: function): the same gradients as unfused, bit for bit (the CPU standing in,

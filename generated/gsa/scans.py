@@ -1,7 +1,7 @@
 """gsa's scans on the generated Triton kernels: the package's one point of contact with them.
 
 The kernels in kernels/ are rendered from lamixer's templates for this spec's classification and run
-as lamixer's triton backend runs them: chunk_additive_key_after, scan_additive_value_after for
+as lamixer's triton backend runs them: chunk_additive_key_after, chunk_additive_value_after for
 training and long sequences; recurrent_additive_key_after, recurrent_additive_value_after for
 inference on sequences of at most 64 tokens (decoding). Their host code is kernels/host*.py.
 """

@@ -117,10 +117,7 @@ def chunk_additive_key_before_float32_cumsum_fwd(
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_g = tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
-    b_B = tl.cumsum(b_g, axis=0)
-    b_E = b_B - b_g
-    b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
+    b_B = tl.cumsum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), axis=0)  # [BT, BK]
     tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
 
 

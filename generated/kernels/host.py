@@ -1,13 +1,13 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, additive_scan,
-additive_scan_backward, CHUNK_DECAYS, STRIP, diagonal_span, _chunks, _chunk_cumsum, _snapshot_dtype,
-PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save,
-_chunk_grads, _chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op, run_chunk_scan,
-_setup_context, _backward, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS,
-_acc_precision, _launch, _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from
-lamixer/autotune.py: Config, _pow2, default_config.
+from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, FAMILY,
+STRIP_DECAYS, STRIP, diagonal_span, _chunks, _chunk_cumsum, _snapshot_dtype, PRECISION,
+_chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save, _chunk_grads,
+_chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op, run_chunk_scan,
+state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, _acc_precision, _launch,
+_segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py: Config,
+_pow2, default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
 file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's
 cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime import fuse
 from ..runtime.scan import ScanOperands
 
 NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
@@ -77,110 +76,13 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
     return [(0, s, e) for s, e in zip(offs[:-1], offs[1:])]
 
 
-@torch.library.custom_op(f"{NAMESPACE}::additive_scan", mutates_args=())
-def additive_scan(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
-                  h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """S_t = S_{t-1} diag(exp(g_t)) + a_t b_t^T (a decay along the value dim), o_t = (qs_h q_t)^T S_read(t) on
-    scan_additive's kernels: (o, final state). qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list.
-    o is in the state's precision: d(log decay) is built from o * do - b * db, whose suffix sums cancel, so neither
-    factor may be rounded to bf16 first."""
-    mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
-    B, T, H, K = a.shape
-    V = b.shape[-1]
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    o = torch.empty(B, T, H, V, dtype=h0.dtype, device=b.device)
-    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
-    c = Config.from_list(cfg)
-    varlen = cu_seqlens is not None
-    NS, hs = 1, None
-    if c.split:  # a state pass leaves the state at every segment end; the segments then run in parallel
-        NS = triton_cdiv(T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max()), SEGMENT)
-        hs = torch.empty(N, NS, H, K, V, dtype=h0.dtype, device=a.device)
-        getattr(mod, f"{mod.NAME}_bwd_kernel_dq")[(triton_cdiv(K, c.BK), N * H, 1)](
-            q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=c.BK, BV=_pow2(V), P=SEGMENT,
-            USE_QS=False, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, IS_VARLEN=varlen, PRECISION="ieee",
-            ACC_PRECISION="ieee", **_launch(c),
-        )  # fmt: skip
-    getattr(mod, f"{mod.NAME}_fwd_kernel")[(triton_cdiv(V, c.BV), N * H, NS)](
-        q, qs, a, b, g, h0, o, ht, hs, cu_seqlens, T, NS, H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), BV=c.BV, P=SEGMENT,
-        USE_QS=qs is not None, STORE_HT=True, SPLIT=bool(c.split), IS_VARLEN=varlen, PRECISION="ieee",
-        ACC_PRECISION=_acc_precision(h0.dtype), **_launch(c),
-    )  # fmt: skip
-    return o, ht
+FAMILY = "chunk_additive"  # the additive rule's template, every decay: none, scalar, along the key or the value dim
 
 
-@additive_scan.register_fake
-def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
-    B, T, H, K = a.shape
-    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return h0.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1])
+STRIP_DECAYS = ("key", "value")  # decays whose chunk scores are built in strips
 
 
-@torch.library.custom_op(f"{NAMESPACE}::additive_scan_backward", mutates_args=())
-def additive_scan_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None, h0: torch.Tensor,
-                           cu_seqlens: torch.Tensor | None, ht: torch.Tensor, o: torch.Tensor | None, do: torch.Tensor, dht: torch.Tensor,
-                           decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, da, db, dg, dh0) of additive_scan."""
-    mod = kernels("scan_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
-    B, T, H, K = a.shape
-    V = b.shape[-1]
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    do = do.contiguous()
-    varlen = cu_seqlens is not None
-    acc = h0.dtype
-    longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    NS = triton_cdiv(longest, SEGMENT)
-    c = Config.from_list(cfg)
-    split = bool(c.split)
-    # the state at every segment end: for d(log decay), and as the starting points of a split walk
-    hs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device)
-    dq = torch.empty(*q.shape, dtype=acc, device=q.device)  # kept precise: d(log decay) is built from it
-    dq_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dq")
-    common = dict(H=H, K=K, V=V, BT=c.BT, P=SEGMENT, IS_VARLEN=varlen, PRECISION="ieee", ACC_PRECISION=_acc_precision(acc), **_launch(c))
-    if split:  # the state pass first, then every segment in parallel
-        dq_kernel[(triton_cdiv(K, c.BK), N * H, 1)](
-            q, qs, a, b, g, h0, None, None, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
-            USE_QS=False, COMPUTE_DQ=False, STORE_HS=True, SPLIT=False, **common,
-        )  # fmt: skip
-    dq_kernel[(triton_cdiv(K, c.BK), N * H, NS if split else 1)](
-        q, qs, a, b, g, h0, do, dq, hs, cu_seqlens, T, NS, BK=c.BK, BV=_pow2(V),
-        USE_QS=qs is not None, COMPUTE_DQ=True, STORE_HS=not split, SPLIT=split, **common,
-    )  # fmt: skip
-    BV = c.BV
-    NV = triton_cdiv(V, BV)
-    da = torch.empty(NV, B, T, H, K, dtype=acc, device=a.device)
-    # each segment's whole-decay term is over V, each value block writing its own columns
-    dgs = torch.empty(N, NS, H, V, dtype=acc, device=a.device)
-    db = torch.empty(*b.shape, dtype=acc, device=b.device)  # kept precise, as o is: d(log decay) is built from them
-    dh0 = torch.empty_like(h0)
-    dht = dht.contiguous()
-    dab_kernel = getattr(mod, f"{mod.NAME}_bwd_kernel_dab")
-    dhs = torch.empty(N, NS, H, K, V, dtype=acc, device=a.device) if split else None
-    strides = (B * T * H * K,)
-    if split:  # the reverse state pass: dS at every segment end
-        dab_kernel[(NV, N * H, 1)](
-            q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
-            USE_QS=qs is not None, USE_DHT=True, STORE_DH0=False, SPLIT=False, COMPUTE_DAB=False, STORE_DHS=True, **common,
-        )  # fmt: skip
-    dab_kernel[(NV, N * H, NS if split else 1)](
-        q, qs, a, b, g, do, dht, da, db, dh0, hs, dhs, dgs, cu_seqlens, T, NS, *strides, BK=_pow2(K), BV=BV,
-        USE_QS=qs is not None, USE_DHT=True, STORE_DH0=True, SPLIT=split, COMPUTE_DAB=True, STORE_DHS=False, **common,
-    )  # fmt: skip
-    da = da.sum(0)
-    # the output and b carry the decay on the value side: o * do - b * db
-    dg = fuse.function(_decay_grad, o.device, o, do, b, db, dgs, cu_seqlens, read, decay, g.dtype, when=cu_seqlens is None)
-    return dq.to(q.dtype), da.to(a.dtype), db.to(b.dtype), dg, dh0
-
-
-@additive_scan_backward.register_fake
-def _(q, qs, a, b, g, h0, cu_seqlens, ht, o, do, dht, decay, read, cfg):
-    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
-
-
-CHUNK_DECAYS = ("none", "scalar", "key")  # rendered from chunk_additive; a value-dim decay from scan_additive
-
-
-STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key dim
+STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key (or value) dim
 
 
 def diagonal_span(dtype: torch.dtype) -> float:
@@ -239,7 +141,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
     hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype), device=b.device)
-    A = torch.empty(B, T, H, c.BT if decay == "key" else 0, dtype=h0.dtype, device=b.device)
+    A = torch.empty(B, T, H, c.BT if decay in STRIP_DECAYS else 0, dtype=h0.dtype, device=b.device)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     if N * H:
         BK, KB = walk_key_blocks(c, K)
@@ -247,7 +149,17 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
             a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, KB=KB, STORE_HT=True, num_warps=4,
             num_stages=state_stages(a.dtype, K), **dict(common, BK=BK),
         )  # fmt: skip
-    if NC * H:
+    if NC * H and decay == "value":  # the output through the entering states, then the chunk's writes (the template's header)
+        o_part = torch.empty(B, T, H, V, dtype=h0.dtype, device=b.device)
+        getattr(mod, f"{mod.NAME}_output_fwd")[(triton_cdiv(V, c.BV), NC, H)](
+            q, qs, a, g, hs, A, o_part, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
+            num_stages=c.num_stages, **common)  # fmt: skip
+        Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
+        getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
+            b, None, b, g, Bc, A, o_part, None, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=True,
+            num_warps=4, **dict(common, K=V, BK=_pow2(V), USE_QS=False))  # fmt: skip
+        o = o_part.to(b.dtype)
+    elif NC * H:
         Bc = None
         if decay == "key":
             Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
@@ -271,7 +183,7 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
     BT = Config.from_list(cfg).BT
     NC = B * triton_cdiv(T, BT) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
     return (b.new_empty(B, T, H, V), h0.new_empty(N, H, K, V), a.new_empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype)),
-            h0.new_empty(B, T, H, BT if decay == "key" else 0))  # fmt: skip
+            h0.new_empty(B, T, H, BT if decay in STRIP_DECAYS else 0))  # fmt: skip
 
 
 def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
@@ -300,7 +212,24 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     if NC * H == 0:
         return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0
     grads = getattr(mod, f"{mod.NAME}_grads_bwd")
-    if decay == "key":  # dq, da through the states, dA and the chunk ends' term, then the strips
+    if decay == "value":  # the template's header: the key dim's strip kernels with the roles turned
+        Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
+        turned = dict(common, K=V, BK=_pow2(V), USE_QS=False)
+        dA = torch.empty(B, T, H, c.BT, dtype=acc, device=a.device)
+        getattr(mod, f"{mod.NAME}_scores_fwd")[(1, NC, H)](
+            do, None, b, g, Bc, dA, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), num_warps=8, num_stages=1,
+            **turned)  # fmt: skip
+        o_part, db_part = torch.empty(B, T, H, V, dtype=acc, device=a.device), torch.empty(B, T, H, V, dtype=acc, device=a.device)
+        dgs = torch.empty(NC, H, V, dtype=acc, device=a.device)
+        grads[(1, NC, H)](q, qs, a, b, g, hs, dhs, do, dA, dq, da, o_part, db_part, dgs, cu_seqlens, indices, T,
+                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+        getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
+            do, None, b, g, Bc, A, o_part, db_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=False,
+            num_warps=4, **turned)  # fmt: skip
+        turned.pop("PRECISION")
+        getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
+            do, None, b, o_part, db_part, dgs, None, db, dg, cu_seqlens, indices, T, num_warps=8, **turned)
+    elif decay == "key":  # dq, da through the states, dA and the chunk ends' term, then the strips
         dq_part, da_part = torch.empty(B, T, H, K, dtype=acc, device=a.device), torch.empty(B, T, H, K, dtype=acc, device=a.device)
         dA = torch.empty(B, T, H, c.BT, dtype=acc, device=a.device)
         dgs = torch.empty(NC, H, K, dtype=acc, device=a.device)
@@ -385,21 +314,6 @@ def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: l
     return run_scan_op(chunk_scan, _EagerChunkScan, _chunk_forward, args, (q, a, b, g, h0))
 
 
-def _setup_context(ctx, inputs, output):
-    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
-    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, output[1], output[0])  # d(log decay) reads the output
-    ctx.config = (decay, read, cfg)
-
-
-def _backward(ctx, do, dht):
-    q, qs, a, b, g, h0, cu_seqlens, ht, o = ctx.saved_tensors
-    dq, da, db, dg, dh0 = additive_scan_backward(q, qs, a, b, g, h0, cu_seqlens, ht, o, do, dht, *ctx.config)
-    return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
-
-
-additive_scan.register_autograd(_backward, setup_context=_setup_context)
-
-
 def state_key_block(K: int) -> int:
     """The key block of the sequential state passes (chunk_additive's walks, scan_delta's state pass): the state as
     at most four [BK, BV] blocks (K <= 256)."""
@@ -459,8 +373,7 @@ def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
 def _decay_grad(q, dq, a, da, dgs, cu, read, decay, out_dtype, c=None, dc=None) -> torch.Tensor:
     """d(log decay) of each token in out_dtype: within its segment of SEGMENT tokens, the suffix sum of q*dq (at the
     read's position) - a*da (+ c*dc for an erase key, which sees the decay as a query after it does: unshifted),
-    plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs [N, NS, H, D]). For a
-    value-dim decay pass (o, do, b, db) for (q, dq, a, da).
+    plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs [N, NS, H, D]).
 
     Summing only within segments keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
     backward ops run this under torch.compile (runtime/fuse.py: function) for unpacked sequences.
@@ -514,34 +427,28 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
     qs = qs.to(acc).contiguous() if qs is not None else None
     read = _read_mode(decayed, written)
     config = scan_config(decay, read, _ACC[acc], dtype, a.shape[0], a.shape[1], a.shape[2], a.shape[3], b.shape[3], a.device)
-    if decay in CHUNK_DECAYS:
-        o, ht = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
-    else:
-        o, ht = additive_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())  # o in float32
+    o, ht = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
     return [o], ht
 
 
 @dataclass(frozen=True)
 class Config:
-    """A launch configuration. chunk_additive (decay none, scalar or along the key dim) uses BT, BV (value
-    block of the chunk-parallel kernels), BW and BK (value block and key rows of a program of the two sequential
-    state walks: BK < K splits the key dim over programs), num_warps
-    (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its gradient kernel (0: BV /
-    num_warps); scan_additive (decay along the value dim) uses BT, BV (forward and reverse walks), BK (key
-    block of its dq walk), num_warps, num_stages and split."""
+    """A launch configuration. chunk_additive (the additive rule) uses BT, BV (value block of the chunk-parallel
+    kernels), BW and BK (value block and key rows of a program of the two sequential state walks: BK < K splits
+    the key dim over programs), num_warps (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its
+    gradient kernel (0: BV / num_warps); scan_delta (the delta rule) BT, BV, BK, num_warps and num_stages."""
 
-    BT: int  # chunk length (divides the 64-token segment of scan_additive's d(log decay))
+    BT: int  # chunk length (divides the 64-token segment of scan_delta's d(log decay))
     BV: int
     BK: int
     num_warps: int
     num_stages: int
-    split: int = 0  # scan_additive: 1 = each walk runs a state pass, then every 64-token segment in parallel
     BW: int = 32  # chunk_additive: value block of the state walks
     BG: int = 0  # chunk_additive: value block of the gradient kernel (0: BV)
     warps_grad: int = 0  # chunk_additive: the gradient kernel's warps (0: num_warps)
 
     def as_list(self) -> list[int]:
-        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.split, self.BW, self.BG, self.warps_grad]
+        return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.BW, self.BG, self.warps_grad]
 
     @staticmethod
     def from_list(values) -> Config:
@@ -554,8 +461,6 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 
 def default_config(decay: str, K: int, V: int) -> Config:
-    if decay == "value":  # scan_additive holds [BT, BT, V] weights in registers: short chunks, more warps
-        return Config(16, min(64, _pow2(V)), min(64, _pow2(K)), 8, 1)
     # chunk_additive: a whole key row per program; a decay along the key dim adds 16-row strips of work. Without
     # one, the gradient kernel takes 32-wide value blocks on 8 warps and the output kernel 64-wide on 4: measured
     # on the H200 (simple_gla, K = V = 128, bf16) grads 1285 -> 1136 us, while the output kernel at the gradient
@@ -569,10 +474,10 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # the unsplit walks spill 11 KB at float32, 32 rows by 128 values none (compiled for sm_90, not timed)
     if K > 128:
         walk = (min(32, _pow2(K)), min(128, _pow2(V))) if decay == "key" else (_pow2(K), min(32, _pow2(V)))
-        return Config(32, min(64, _pow2(V)), walk[0], 8, 1, 0, walk[1], min(32, _pow2(V)), 8)
+        return Config(32, min(64, _pow2(V)), walk[0], 8, 1, walk[1], min(32, _pow2(V)), 8)
     if decay == "key":
-        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 1, 0, min(128, _pow2(V)))
-    return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, 0, min(32, _pow2(V)), min(32, _pow2(V)), 8)
+        return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 1, min(128, _pow2(V)))
+    return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
 
 from . import host_delta as triton_delta  # noqa: E402  (the delta rule's host code; it uses the helpers above)

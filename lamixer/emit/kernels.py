@@ -2,7 +2,7 @@
 
 The kernels are rendered exactly as lamixer's triton backend renders them, float32 accumulation
 only (a package runs float64 calls on its torch fallback): chunk_additive for an additive scan with
-no, scalar or key-dim decay, scan_additive for a value-dim decay, scan_delta for the delta rule, and
+every decay of the additive rule (none, scalar, along the key or the value dim), scan_delta for the delta rule, and
 the recurrent kernel that runs every scan for inference on short sequences (decoding).
 
 THIS IS THE PIECE TO RE-POINT when lamixer's kernel host code moves: today it lives in
@@ -93,14 +93,14 @@ _DEFAULT_DOC = "scan_config gives every call the default configuration (lamixer'
 HOSTS = (
     _Host(
         "host.py",
-        ((triton_backend, ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments", "additive_scan", "additive_scan_backward",
-                           "CHUNK_DECAYS", "STRIP", "diagonal_span", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
+        ((triton_backend, ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments",
+                           "FAMILY", "STRIP_DECAYS", "STRIP", "diagonal_span", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
                            "chunk_scan", "_chunk_backward_impl", "chunk_scan_backward", "_chunk_save", "_chunk_grads",
-                           "_chunk_setup_context", "_EagerChunkScan", "launch_problems", "run_scan_op", "run_chunk_scan", "_setup_context", "_backward",
+                           "_chunk_setup_context", "_EagerChunkScan", "launch_problems", "run_scan_op", "run_chunk_scan",
                            "state_key_block", "walk_key_blocks", "state_stages", "ACC_PRECISIONS", "_acc_precision", "_launch",
                            "_segment_suffix_sums", "_decay_grad", "triton_cdiv", "triton_scan")),
          (autotune, ("Config", "_pow2", "default_config"))),
-        custom_ops=4,
+        custom_ops=2,
         own_doc=f"kernels() imports the rendered modules beside this file; {_DEFAULT_DOC}; {_NAMESPACE_DOC}",
         own=f'''import importlib
 import os
@@ -108,7 +108,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime import fuse
 from ..runtime.scan import ScanOperands
 
 {_NAMESPACE}
@@ -177,7 +176,7 @@ def _copy(module, names: tuple[str, ...]) -> list[str]:
     for node in ast.parse(text).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             name = node.name
-            if name == "_" and node.decorator_list:  # a registration: @additive_scan.register_fake
+            if name == "_" and node.decorator_list:  # a registration: @chunk_scan.register_fake
                 name = ast.unparse(node.decorator_list[0]).split(".")[0]
                 found.remove(name) if name in found else None
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
