@@ -8,7 +8,7 @@ import triton.language as tl
 def chunk_additive_value_after_float32_state_fwd(
     a, b, g, h0, hs, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
-    STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """hs[c] = the state entering chunk c [K, V]; ht = the final state. One program per (value block,
     sequence x head, key rows i_k KB..) walks the chunks: S <- exp(B_last) S + (a exp(B_last - B))^T b, its KB
@@ -55,22 +55,22 @@ def chunk_additive_value_after_float32_state_fwd(
         b_g = tl.load(g + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)  # [BT, BV]
         b_B = tl.cumsum(b_g, axis=0)
         b_last = tl.sum(b_g, axis=0)  # [BV]: the chunk's whole log decay (padded tokens add 0)
-        b_b = (b_b * tl.exp(b_last[None, :] - b_B)).to(b_b.dtype)
+        b_b = b_b.to(tl.float32) * tl.exp(b_last[None, :] - b_B)
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
-        b_h0 = b_h0 * tl.exp(b_last)[None, :] + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
+        b_h0 = b_h0 * tl.exp(b_last)[None, :] + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=ACC_PRECISION)
         if KB > 1 * BK:
             tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h1 = b_h1 * tl.exp(b_last)[None, :] + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
+            b_h1 = b_h1 * tl.exp(b_last)[None, :] + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=ACC_PRECISION)
         if KB > 2 * BK:
             tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h2 = b_h2 * tl.exp(b_last)[None, :] + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
+            b_h2 = b_h2 * tl.exp(b_last)[None, :] + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=ACC_PRECISION)
         if KB > 3 * BK:
             tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h3 = b_h3 * tl.exp(b_last)[None, :] + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
+            b_h3 = b_h3 * tl.exp(b_last)[None, :] + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=ACC_PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
         tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
@@ -167,7 +167,7 @@ def chunk_additive_value_after_float32_scores_fwd(
 def chunk_additive_value_after_float32_output_fwd(
     q, qs, a, g, hs, A, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The output through the state entering the chunk, o = exp(E) (q h) [.., V] (float32: strips_bwd adds the
     chunk's own writes to it), and the chunk's undecayed scores A = q a^T [.., BT] (0 where j cannot reach i).
@@ -196,7 +196,7 @@ def chunk_additive_value_after_float32_output_fwd(
     b_g = tl.load(g + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)  # [BT, BV]
     b_E = tl.cumsum(b_g, axis=0)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-    b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PRECISION) * tl.exp(b_E)  # [BT, BV]
+    b_o = tl.dot(b_q.to(tl.float32), b_h, input_precision=ACC_PRECISION) * tl.exp(b_E)  # [BT, BV]
     tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o, mask=m_t[:, None] & m_v[None, :])
     if i_v == 0:
         b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
@@ -208,7 +208,7 @@ def chunk_additive_value_after_float32_output_fwd(
 def chunk_additive_value_after_float32_state_bwd(
     q, qs, g, do, dht, dhs, dh0, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """dhs[c] = dL/dS leaving chunk c; dh0 = dL/dS entering the first. One program per (value block,
     sequence x head, key rows i_k KB..) walks the chunks backwards: dS <- exp(B_last) dS + (q exp(E))^T do, its
@@ -256,30 +256,30 @@ def chunk_additive_value_after_float32_state_bwd(
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # [BV]: the chunk's whole log decay (padded tokens add 0)
-        b_do = (b_do * tl.exp(b_E)).to(b_do.dtype)
+        b_do = b_do.to(tl.float32) * tl.exp(b_E)
         tl.store(p_dhs + s_kv, b_h0.to(dhs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         if USE_QS:
             b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_h0 = b_h0 * tl.exp(b_last)[None, :] + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
+        b_h0 = b_h0 * tl.exp(b_last)[None, :] + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=ACC_PRECISION)
         if KB > 1 * BK:
             tl.store(p_dhs + 1 * BK * V + s_kv, b_h1.to(dhs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_h1 = b_h1 * tl.exp(b_last)[None, :] + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
+            b_h1 = b_h1 * tl.exp(b_last)[None, :] + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=ACC_PRECISION)
         if KB > 2 * BK:
             tl.store(p_dhs + 2 * BK * V + s_kv, b_h2.to(dhs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_h2 = b_h2 * tl.exp(b_last)[None, :] + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
+            b_h2 = b_h2 * tl.exp(b_last)[None, :] + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=ACC_PRECISION)
         if KB > 3 * BK:
             tl.store(p_dhs + 3 * BK * V + s_kv, b_h3.to(dhs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_h3 = b_h3 * tl.exp(b_last)[None, :] + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
+            b_h3 = b_h3 * tl.exp(b_last)[None, :] + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=ACC_PRECISION)
     p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
     tl.store(p_dh0 + s_kv, b_h0.to(dh0.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
     if KB > 1 * BK:
@@ -294,11 +294,12 @@ def chunk_additive_value_after_float32_state_bwd(
 def chunk_additive_value_after_float32_grads_bwd(
     q, qs, a, b, g, hs, dhs, do, dA, dq, da, o, db, dgs, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """Per chunk (one program per chunk and head, walking the value blocks): dq and da whole (dA, the decayed
     do b^T scores_fwd left, brings the chunk's own part), and for strips_bwd and decay_bwd the parts of the output
-    and of db through the states entering and leaving the chunk (float32), and the chunk's end term of d(log decay)."""
+    and of db through the states entering and leaving the chunk, and the chunk's end term of d(log decay): float32
+    from the float32 states, as d(log decay) is a difference of them."""
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -334,14 +335,14 @@ def chunk_additive_value_after_float32_grads_bwd(
         b_end = tl.exp(tl.sum(b_g, axis=0)[None, :] - b_B)  # [BT, BV] each write's reach to the chunk's end
         b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_dh = tl.load(dhs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
-        b_dq += tl.dot((b_do * tl.exp(b_E)).to(b_do.dtype), tl.trans(b_h).to(b_do.dtype), input_precision=PRECISION)
-        b_da += tl.dot((b_b * b_end).to(b_b.dtype), tl.trans(b_dh).to(b_b.dtype), input_precision=PRECISION)
-        b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PRECISION) * tl.exp(b_E)
-        b_db = tl.dot(b_a, b_dh.to(b_a.dtype), input_precision=PRECISION) * b_end
+        b_dq += tl.dot(b_do.to(tl.float32) * tl.exp(b_E), tl.trans(b_h), input_precision=ACC_PRECISION)
+        b_da += tl.dot(b_b.to(tl.float32) * b_end, tl.trans(b_dh), input_precision=ACC_PRECISION)
+        b_o = tl.dot(b_q.to(tl.float32), b_h, input_precision=ACC_PRECISION) * tl.exp(b_E)
+        b_db = tl.dot(b_a.to(tl.float32), b_dh, input_precision=ACC_PRECISION) * b_end
         tl.store(o + p_tv, b_o, mask=m_tv)
         tl.store(db + p_tv, b_db, mask=m_tv)
         # sum_k dS_end * S_end, S_end = exp(B_last) h + sum_j a_j (b_j exp(B_last - B_j))^T
-        b_dgs = tl.exp(tl.sum(b_g, axis=0)) * tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=0) + tl.sum(b_b.to(tl.float32) * b_db, axis=0)
+        b_dgs = tl.exp(tl.sum(b_g, axis=0)) * tl.sum(b_h * b_dh, axis=0) + tl.sum(b_b.to(tl.float32) * b_db, axis=0)
         tl.store(dgs + (i_c.to(tl.int64) * H + i_h) * V + o_v, b_dgs, mask=m_v)
     b_dA = tl.load(dA + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.).to(b_a.dtype)  # [BT, BT]
     b_dq += tl.dot(b_dA, b_a, input_precision=PRECISION)

@@ -169,10 +169,11 @@ def _chunk_cumsum(mod, g: torch.Tensor, cu_seqlens, indices, NC: int, BT: int) -
     return Bc
 
 
-def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype) -> torch.dtype:
+def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype, decay: str = "none") -> torch.dtype:
     """States kept per chunk for the parallel kernels: in the inputs' precision when it is a half type (their
-    dots read them in it anyway), else in the accumulator's."""
-    return x.dtype if x.dtype in (torch.bfloat16, torch.float16) else acc
+    dots read them in it anyway), else in the accumulator's; always the accumulator's under a decay along the
+    value dim, whose d(log decay) is a difference of terms built from them (the template's header)."""
+    return x.dtype if x.dtype in (torch.bfloat16, torch.float16) and decay != "value" else acc
 
 
 PRECISION = "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
@@ -184,34 +185,35 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on chunk_additive's kernels.
 
     Returns (o, final state, hs: the state entering each chunk, A: each chunk's scores under a decay along
-    the key dim, else empty); the last two are kept for the backward. cfg: an autotune.Config as a list."""
+    the key or value dim, else empty); the last two are kept for the backward. cfg: an autotune.Config as a list.
+    Under a decay along the value dim o is float32, as the states are (the template's header)."""
     mod = kernels("chunk_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     c = Config.from_list(cfg)
     NC, indices, offsets = _chunks(cu_seqlens, B, T, c.BT)
-    o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+    per_value = decay == "value"
+    o = torch.empty(B, T, H, V, dtype=h0.dtype if per_value else b.dtype, device=b.device)
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
-    hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype), device=b.device)
+    hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay), device=b.device)
     A = torch.empty(B, T, H, c.BT if decay in STRIP_DECAYS else 0, dtype=h0.dtype, device=b.device)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
+    precise = dict(ACC_PRECISION=_acc_precision(h0.dtype)) if per_value else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
             a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, KB=KB, STORE_HT=True, num_warps=4,
-            num_stages=state_stages(a.dtype, K), **dict(common, BK=BK),
+            num_stages=state_stages(a.dtype, K), **dict(common, BK=BK), **precise,
         )  # fmt: skip
-    if NC * H and decay == "value":  # the output through the entering states, then the chunk's writes (the template's header)
-        o_part = torch.empty(B, T, H, V, dtype=h0.dtype, device=b.device)
+    if NC * H and per_value:  # the output through the entering states, then the chunk's writes (the template's header)
         getattr(mod, f"{mod.NAME}_output_fwd")[(triton_cdiv(V, c.BV), NC, H)](
-            q, qs, a, g, hs, A, o_part, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
-            num_stages=c.num_stages, **common)  # fmt: skip
+            q, qs, a, g, hs, A, o, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
+            num_stages=c.num_stages, **common, **precise)  # fmt: skip
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
-            b, None, b, g, Bc, A, o_part, None, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=True,
+            b, None, b, g, Bc, A, o, None, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=True,
             num_warps=4, **dict(common, K=V, BK=_pow2(V), USE_QS=False))  # fmt: skip
-        o = o_part.to(b.dtype)
     elif NC * H:
         Bc = None
         if decay == "key":
@@ -235,7 +237,8 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     BT = Config.from_list(cfg).BT
     NC = B * triton_cdiv(T, BT) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
-    return (b.new_empty(B, T, H, V), h0.new_empty(N, H, K, V), a.new_empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype)),
+    return (b.new_empty(B, T, H, V, dtype=h0.dtype if decay == "value" else b.dtype), h0.new_empty(N, H, K, V),
+            a.new_empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay)),
             h0.new_empty(B, T, H, BT if decay in STRIP_DECAYS else 0))  # fmt: skip
 
 
@@ -256,11 +259,12 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
+    precise = dict(ACC_PRECISION=_acc_precision(acc)) if decay == "value" else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
             q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, KB=KB, num_warps=4,
-            num_stages=state_stages(q.dtype, K), **dict(common, BK=BK),
+            num_stages=state_stages(q.dtype, K), **dict(common, BK=BK), **precise,
         )  # fmt: skip
     if NC * H == 0:
         return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0
@@ -275,7 +279,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         o_part, db_part = torch.empty(B, T, H, V, dtype=acc, device=a.device), torch.empty(B, T, H, V, dtype=acc, device=a.device)
         dgs = torch.empty(NC, H, V, dtype=acc, device=a.device)
         grads[(1, NC, H)](q, qs, a, b, g, hs, dhs, do, dA, dq, da, o_part, db_part, dgs, cu_seqlens, indices, T,
-                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common, **precise)  # fmt: skip
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             do, None, b, g, Bc, A, o_part, db_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=False,
             num_warps=4, **turned)  # fmt: skip
@@ -319,8 +323,8 @@ def _chunk_save(ctx, inputs, hs, A) -> None:
 def _chunk_grads(ctx, do, dht, backward) -> tuple:
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
     q, qs, a, b, g, h0, cu_seqlens, hs, A = ctx.saved_tensors
-    if do is None:
-        do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=b.dtype, device=b.device)
+    if do is None:  # the output's dtype: float32 under a decay along the value dim
+        do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=h0.dtype if ctx.config[0] == "value" else b.dtype, device=b.device)
     if dht is None:
         dht = torch.zeros_like(h0)
     dq, da, db, dg, dh0 = backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
