@@ -81,3 +81,24 @@ def test_tiny_configuration_learns(mqar, tmp_path):
     assert record["config"]["tiny"] and record["machine"]["torch"] == torch.__version__
     assert [r["spec"] for r in record["results"]] == ["deltanet", "linear_attn"]
     assert record["results"][0]["state_size"] == record["results"][1]["state_size"] == 2 * 32 * 32
+
+
+def test_merge_keeps_each_specs_best_run_and_every_rate(mqar, tmp_path, capsys):
+    def record(lr, rows, **config):
+        base = dict(specs="", tiny=False, steps=10, d_model=8, layers=1, heads=1, seq_len=16, num_kv_pairs=2, vocab=8, batch=2, lr=str(lr),
+                    eval_sequences=4, backend="auto", seed=0)  # fmt: skip
+        row = dict(state_size=64, params=100, tokens_per_s=1.0, options={}, sizes={})
+        return {"task": "mqar", "config": {**base, **config}, "machine": {}, "command": f"mqar.py --lr {lr}", "chance": 0.25,
+                "results": [{**row, "spec": s, "lr": lr, "accuracy": a, "sweep": {str(lr): a}} for s, a in rows]}  # fmt: skip
+
+    paths = []
+    for i, rec in enumerate([record(1e-3, [("gla", 0.2), ("deltanet", 0.9)]), record(5e-3, [("gla", 0.5)])]):
+        paths.append(str(tmp_path / f"r{i}.json"))
+        Path(paths[-1]).write_text(json.dumps(rec))
+    rows = mqar.main(["--merge", *paths, "--out", str(tmp_path / "merged.json")])
+    best = {r["spec"]: r for r in rows}
+    assert best["gla"]["lr"] == 5e-3 and best["gla"]["sweep"] == {"0.001": 0.2, "0.005": 0.5} and best["deltanet"]["accuracy"] == 0.9
+    assert json.loads((tmp_path / "merged.json").read_text())["config"]["lr"] == "0.001,0.005"
+    Path(paths[1]).write_text(json.dumps(record(5e-3, [("gla", 0.5)], steps=20)))
+    with pytest.raises(SystemExit, match="steps"):
+        mqar.main(["--merge", *paths])

@@ -33,7 +33,7 @@ def test_triton_matches_interpreter(name, T, gate):
     _assert_close(compare(m, "triton", tensors, states, seed=T), f"{name} T={T} {gate}")
 
 
-@pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla", "linear_attn"])
+@pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla", "linear_attn", "gsa"])
 def test_triton_varlen(name):
     """Packed sequences, one longer than the 64-token segments d(log decay) is summed over."""
     m = lamixer.load(name)
