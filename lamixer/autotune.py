@@ -53,7 +53,7 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 def default_config(decay: str, K: int, V: int) -> Config:
     # chunk_additive: a whole key row per program; a decay along the key dim adds 16-row strips of work. Without
-    # one, the gradient kernel takes 32-wide value blocks on 8 warps and the output kernel 64-wide on 4: measured
+    # one, the gradient kernel takes 32-wide value blocks on 8 warps and the output kernel 128-wide on 4 (below): measured
     # on the H200 (simple_gla, K = V = 128, bf16) grads 1285 -> 1136 us, while the output kernel at the gradient
     # kernel's setting went 307 -> 733 us
     # Above K = 128 the chunk-parallel kernels' tiles outgrow an H200 block's shared memory (232448 bytes) at 64-token
@@ -68,7 +68,12 @@ def default_config(decay: str, K: int, V: int) -> Config:
         return Config(32, min(64, _pow2(V)), walk[0], 8, 1, walk[1], min(32, _pow2(V)), 8)
     if decay == "key":
         return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 1, min(128, _pow2(V)))
-    return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, min(32, _pow2(V)), min(32, _pow2(V)), 8)
+    # The output kernel of a scalar decay (or none) reads q and a once per value block: 128-wide blocks read them once
+    # for V = 128 (H200, simple_gla bf16 T = 8192, 4 warps, 2 stages: output_fwd 305 -> 269 us, forward 0.496 ->
+    # 0.464 ms; 8 warps 438; h200_2026-11-30/s7_tune/probe_fwd); a decay along the value dim holds float32 states
+    # there: 64 wide (128 spills 560 bytes, compiled for sm_90 at bf16, K = V = 128)
+    BV = min(64 if decay == "value" else 128, _pow2(V))
+    return Config(64, BV, _pow2(K), 4, 2, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
 
 def candidates(decay: str, K: int, V: int) -> list[Config]:

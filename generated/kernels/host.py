@@ -2,9 +2,9 @@
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
 from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, FAMILY,
-STRIP_DECAYS, STRIP, diagonal_span, _chunks, _chunk_cumsum, _snapshot_dtype, PRECISION,
-_chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save, _chunk_grads,
-_chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op, run_chunk_scan,
+STRIP_DECAYS, VALUE_DECAY_PRECISION, STRIP, diagonal_span, _chunks, _chunk_cumsum, _snapshot_dtype,
+PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save,
+_chunk_grads, _chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op, run_chunk_scan,
 state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, _acc_precision, _launch,
 _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py: Config,
 _pow2, default_config.
@@ -82,6 +82,9 @@ FAMILY = "chunk_additive"  # the additive rule's template, every decay: none, sc
 STRIP_DECAYS = ("key", "value")  # decays whose chunk scores are built in strips
 
 
+VALUE_DECAY_PRECISION = "bf16x3"
+
+
 STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key (or value) dim
 
 
@@ -146,7 +149,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay), device=b.device)
     A = torch.empty(B, T, H, c.BT if decay in STRIP_DECAYS else 0, dtype=h0.dtype, device=b.device)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
-    precise = dict(ACC_PRECISION=_acc_precision(h0.dtype)) if per_value else {}  # float32 states' dots
+    precise = dict(ACC_PRECISION=_acc_precision(h0.dtype, VALUE_DECAY_PRECISION)) if per_value else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
@@ -206,7 +209,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
-    precise = dict(ACC_PRECISION=_acc_precision(acc)) if decay == "value" else {}  # float32 states' dots
+    precise = dict(ACC_PRECISION=_acc_precision(acc, VALUE_DECAY_PRECISION)) if decay == "value" else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
@@ -226,7 +229,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         o_part, db_part = torch.empty(B, T, H, V, dtype=acc, device=a.device), torch.empty(B, T, H, V, dtype=acc, device=a.device)
         dgs = torch.empty(NC, H, V, dtype=acc, device=a.device)
         grads[(1, NC, H)](q, qs, a, b, g, hs, dhs, do, dA, dq, da, o_part, db_part, dgs, cu_seqlens, indices, T,
-                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common, **precise)  # fmt: skip
+                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=1, **common, **precise)  # fmt: skip
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             do, None, b, g, Bc, A, o_part, db_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=False,
             num_warps=4, **turned)  # fmt: skip
@@ -345,13 +348,13 @@ def state_stages(work: torch.dtype, K: int) -> int:
 ACC_PRECISIONS = ("tf32x3", "bf16x3", "bf16x6", "tf32", "ieee")  # Triton 3.6's for float32 dots on NVIDIA
 
 
-def _acc_precision(acc: torch.dtype) -> str:
-    """How float32 intermediates enter the tensor cores: tf32x3 (about float32's precision), unless
+def _acc_precision(acc: torch.dtype, default: str = "tf32x3") -> str:
+    """How float32 intermediates enter the tensor cores: `default` (tf32x3: about float32's precision), unless
     LAMIXER_ACC_PRECISION names another of ACC_PRECISIONS (for measuring, e.g. bf16x3: three bfloat16 products,
     about 16 bits, fewer registers); float64 and the CPU interpreter take ieee."""
     if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1":
         return "ieee"
-    mode = os.environ.get("LAMIXER_ACC_PRECISION", "tf32x3")
+    mode = os.environ.get("LAMIXER_ACC_PRECISION", default)
     if mode not in ACC_PRECISIONS:
         raise ValueError(f"LAMIXER_ACC_PRECISION={mode!r}: expected one of {', '.join(ACC_PRECISIONS)}")
     return mode
@@ -466,7 +469,7 @@ def _pow2(n: int, lo: int = 16) -> int:
 
 def default_config(decay: str, K: int, V: int) -> Config:
     # chunk_additive: a whole key row per program; a decay along the key dim adds 16-row strips of work. Without
-    # one, the gradient kernel takes 32-wide value blocks on 8 warps and the output kernel 64-wide on 4: measured
+    # one, the gradient kernel takes 32-wide value blocks on 8 warps and the output kernel 128-wide on 4 (below): measured
     # on the H200 (simple_gla, K = V = 128, bf16) grads 1285 -> 1136 us, while the output kernel at the gradient
     # kernel's setting went 307 -> 733 us
     # Above K = 128 the chunk-parallel kernels' tiles outgrow an H200 block's shared memory (232448 bytes) at 64-token
@@ -481,7 +484,12 @@ def default_config(decay: str, K: int, V: int) -> Config:
         return Config(32, min(64, _pow2(V)), walk[0], 8, 1, walk[1], min(32, _pow2(V)), 8)
     if decay == "key":
         return Config(64, min(64, _pow2(V)), min(32, _pow2(K)), 8, 1, min(128, _pow2(V)))
-    return Config(64, min(64, _pow2(V)), _pow2(K), 4, 2, min(32, _pow2(V)), min(32, _pow2(V)), 8)
+    # The output kernel of a scalar decay (or none) reads q and a once per value block: 128-wide blocks read them once
+    # for V = 128 (H200, simple_gla bf16 T = 8192, 4 warps, 2 stages: output_fwd 305 -> 269 us, forward 0.496 ->
+    # 0.464 ms; 8 warps 438; h200_2026-11-30/s7_tune/probe_fwd); a decay along the value dim holds float32 states
+    # there: 64 wide (128 spills 560 bytes, compiled for sm_90 at bf16, K = V = 128)
+    BV = min(64 if decay == "value" else 128, _pow2(V))
+    return Config(64, BV, _pow2(K), 4, 2, min(32, _pow2(V)), min(32, _pow2(V)), 8)
 
 
 from . import host_delta as triton_delta  # noqa: E402  (the delta rule's host code; it uses the helpers above)

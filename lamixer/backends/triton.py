@@ -122,6 +122,10 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
 
 FAMILY = "chunk_additive"  # the additive rule's template, every decay: none, scalar, along the key or the value dim
 STRIP_DECAYS = ("key", "value")  # decays whose chunk scores are built in strips
+# the float32 dots of a decay along the value dim (its states, walk tiles, output and db: the template's header):
+# three bfloat16 products, about 16 bits, far inside what d(log decay) needs; tf32x3 held twice the shared memory
+# and spilled (sm_90, gsa bf16 D = 128: the gradient kernel 196608 bytes and 1432 spilled against 139264 and 568)
+VALUE_DECAY_PRECISION = "bf16x3"
 STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key (or value) dim
 
 
@@ -199,7 +203,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay), device=b.device)
     A = torch.empty(B, T, H, c.BT if decay in STRIP_DECAYS else 0, dtype=h0.dtype, device=b.device)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
-    precise = dict(ACC_PRECISION=_acc_precision(h0.dtype)) if per_value else {}  # float32 states' dots
+    precise = dict(ACC_PRECISION=_acc_precision(h0.dtype, VALUE_DECAY_PRECISION)) if per_value else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
@@ -259,7 +263,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
-    precise = dict(ACC_PRECISION=_acc_precision(acc)) if decay == "value" else {}  # float32 states' dots
+    precise = dict(ACC_PRECISION=_acc_precision(acc, VALUE_DECAY_PRECISION)) if decay == "value" else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
@@ -279,7 +283,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         o_part, db_part = torch.empty(B, T, H, V, dtype=acc, device=a.device), torch.empty(B, T, H, V, dtype=acc, device=a.device)
         dgs = torch.empty(NC, H, V, dtype=acc, device=a.device)
         grads[(1, NC, H)](q, qs, a, b, g, hs, dhs, do, dA, dq, da, o_part, db_part, dgs, cu_seqlens, indices, T,
-                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common, **precise)  # fmt: skip
+                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=1, **common, **precise)  # fmt: skip
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             do, None, b, g, Bc, A, o_part, db_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=False,
             num_warps=4, **turned)  # fmt: skip
@@ -400,13 +404,13 @@ def state_stages(work: torch.dtype, K: int) -> int:
 ACC_PRECISIONS = ("tf32x3", "bf16x3", "bf16x6", "tf32", "ieee")  # Triton 3.6's for float32 dots on NVIDIA
 
 
-def _acc_precision(acc: torch.dtype) -> str:
-    """How float32 intermediates enter the tensor cores: tf32x3 (about float32's precision), unless
+def _acc_precision(acc: torch.dtype, default: str = "tf32x3") -> str:
+    """How float32 intermediates enter the tensor cores: `default` (tf32x3: about float32's precision), unless
     LAMIXER_ACC_PRECISION names another of ACC_PRECISIONS (for measuring, e.g. bf16x3: three bfloat16 products,
     about 16 bits, fewer registers); float64 and the CPU interpreter take ieee."""
     if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1":
         return "ieee"
-    mode = os.environ.get("LAMIXER_ACC_PRECISION", "tf32x3")
+    mode = os.environ.get("LAMIXER_ACC_PRECISION", default)
     if mode not in ACC_PRECISIONS:
         raise ValueError(f"LAMIXER_ACC_PRECISION={mode!r}: expected one of {', '.join(ACC_PRECISIONS)}")
     return mode

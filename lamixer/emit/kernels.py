@@ -94,7 +94,8 @@ HOSTS = (
     _Host(
         "host.py",
         ((triton_backend, ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments",
-                           "FAMILY", "STRIP_DECAYS", "STRIP", "diagonal_span", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
+                           "FAMILY", "STRIP_DECAYS", "VALUE_DECAY_PRECISION",
+                           "STRIP", "diagonal_span", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
                            "chunk_scan", "_chunk_backward_impl", "chunk_scan_backward", "_chunk_save", "_chunk_grads",
                            "_chunk_setup_context", "_EagerChunkScan", "launch_problems", "run_scan_op", "run_chunk_scan",
                            "state_key_block", "walk_key_blocks", "state_stages", "ACC_PRECISIONS", "_acc_precision", "_launch",
