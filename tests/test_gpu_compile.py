@@ -39,9 +39,11 @@ def test_every_kernel_compiles_for_the_h200(tmp_path, example_specs):
     errors = [f"{r['spec']} ({r['dtype']}): {r['error']}" for r in rows if "error" in r]
     assert not errors, "\n".join(errors)
     kernels = {r["kernel"] for r in rows}
-    for family, stages in {"chunk_additive": ("state_fwd", "output_fwd", "state_bwd", "grads_bwd", "scores_fwd", "strips_bwd"),
+    for family, stages in {"chunk_additive": ("state_fwd", "cumsum_fwd", "output_fwd", "state_bwd", "grads_bwd", "scores_fwd", "strips_bwd",
+                                              "decay_bwd"),
+                           "chunk_additive_value": ("state_fwd", "output_fwd", "strips_bwd", "grads_bwd"),
                            "scan_delta": ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_grad_kernel"),
-                           "scan_additive": ("fwd_kernel",), "recurrent": ("kernel",)}.items():  # fmt: skip
+                           "recurrent": ("kernel",)}.items():  # fmt: skip
         for stage in stages:
             assert any(k.startswith(family) and k.endswith(stage) for k in kernels), f"no {family} {stage} compiled"
     assert {r["spec"] for r in rows} == {os.path.basename(s) for s in specs}
