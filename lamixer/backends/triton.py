@@ -175,11 +175,11 @@ def _chunk_cumsum(mod, g: torch.Tensor, cu_seqlens, indices, NC: int, BT: int) -
 
 def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype, decay: str = "none") -> torch.dtype:
     """States kept per chunk for the parallel kernels: in the inputs' precision when it is a half type (their
-    dots read them in it anyway), else in the accumulator's; always the accumulator's under a decay along a dim,
-    whose d(log decay) takes sum dS_end * S_end over the other dim from them: from bf16 snapshots gla's bf16
-    d(log decay) measured 2.1e-2 relative at B = 4, T = 8192, H = 16, D = 128 on the H200, FLA's 2.4e-3 (it keeps
-    its states float32 for the backward); the other gradients 3.3e-3 (bench/precision.py)."""
-    return x.dtype if x.dtype in (torch.bfloat16, torch.float16) and decay not in STRIP_DECAYS else acc
+    dots read them in it anyway), else in the accumulator's; always the accumulator's under a decay along the
+    value dim, whose d(log decay) is a difference of terms built from them (the template's header). (Under a
+    decay along the key dim float32 snapshots left gla's bf16 d(log decay) where it was, 2.08e-2 at the benchmark
+    shape on the H200: bench/results/NOTES.md.)"""
+    return x.dtype if x.dtype in (torch.bfloat16, torch.float16) and decay != "value" else acc
 
 
 PRECISION = "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
