@@ -2,12 +2,12 @@
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
 from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, FAMILY,
-STRIP_DECAYS, VALUE_DECAY_PRECISION, STRIP, diagonal_span, _chunks, _chunk_cumsum, _snapshot_dtype,
-PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save,
-_chunk_grads, _chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op, run_chunk_scan,
-state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, _acc_precision, _launch,
-_segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py: Config,
-_pow2, default_config.
+STRIP_DECAYS, FLOAT32_DOTS, _strip_args, STRIP, diagonal_span, _chunks, _chunk_cumsum,
+_snapshot_dtype, PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward,
+_chunk_save, _chunk_grads, _chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op,
+run_chunk_scan, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, _acc_precision,
+_launch, _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py:
+Config, _pow2, default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
 file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's
 cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -82,10 +82,15 @@ FAMILY = "chunk_additive"  # the additive rule's template, every decay: none, sc
 STRIP_DECAYS = ("key", "value")  # decays whose chunk scores are built in strips
 
 
-VALUE_DECAY_PRECISION = "bf16x3"
+FLOAT32_DOTS = "bf16x3"
 
 
 STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key (or value) dim
+
+
+def _strip_args(common: dict, acc: torch.dtype, **changes) -> dict:
+    """strips_bwd's shape arguments: `common` with `changes`, its float32 dots at FLOAT32_DOTS instead of PRECISION."""
+    return {**{k: v for k, v in common.items() if k != "PRECISION"}, **changes, "ACC_PRECISION": _acc_precision(acc, FLOAT32_DOTS)}
 
 
 def diagonal_span(dtype: torch.dtype) -> float:
@@ -151,7 +156,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay), device=b.device)
     A = torch.empty(B, T, H, c.BT if decay in STRIP_DECAYS else 0, dtype=h0.dtype, device=b.device)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
-    precise = dict(ACC_PRECISION=_acc_precision(h0.dtype, VALUE_DECAY_PRECISION)) if per_value else {}  # float32 states' dots
+    precise = dict(ACC_PRECISION=_acc_precision(h0.dtype, FLOAT32_DOTS)) if per_value else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
@@ -165,7 +170,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             b, None, b, g, Bc, A, o, None, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=True,
-            num_warps=4, **dict(common, K=V, BK=_pow2(V), USE_QS=False))  # fmt: skip
+            num_warps=4, **_strip_args(common, h0.dtype, K=V, BK=_pow2(V), USE_QS=False))  # fmt: skip
     elif NC * H:
         Bc = None
         if decay == "key":
@@ -211,7 +216,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
-    precise = dict(ACC_PRECISION=_acc_precision(acc, VALUE_DECAY_PRECISION)) if decay == "value" else {}  # float32 states' dots
+    precise = dict(ACC_PRECISION=_acc_precision(acc, FLOAT32_DOTS)) if decay == "value" else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
@@ -234,7 +239,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
                           BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=1, **common, **precise)  # fmt: skip
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             do, None, b, g, Bc, A, o_part, db_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=False,
-            num_warps=4, **turned)  # fmt: skip
+            num_warps=4, **_strip_args(turned, acc))  # fmt: skip
         turned.pop("PRECISION")
         getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
             do, None, b, o_part, db_part, dgs, None, db, dg, cu_seqlens, indices, T, num_warps=8, **turned)
@@ -247,7 +252,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), num_warps=4,
-            **common)  # fmt: skip
+            **_strip_args(common, acc))  # fmt: skip
         common.pop("PRECISION")
         getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
             q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)

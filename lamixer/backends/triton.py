@@ -122,11 +122,17 @@ def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, i
 
 FAMILY = "chunk_additive"  # the additive rule's template, every decay: none, scalar, along the key or the value dim
 STRIP_DECAYS = ("key", "value")  # decays whose chunk scores are built in strips
-# the float32 dots of a decay along the value dim (its states, walk tiles, output and db: the template's header):
-# three bfloat16 products, about 16 bits, far inside what d(log decay) needs; tf32x3 held twice the shared memory
-# and spilled (sm_90, gsa bf16 D = 128: the gradient kernel 196608 bytes and 1432 spilled against 139264 and 568)
-VALUE_DECAY_PRECISION = "bf16x3"
+# the chunk kernels' float32 dots, those d(log decay) is built from (the backward strips' intra-chunk parts, and
+# under a decay along the value dim its states, walk tiles, output and db: the template's header): three bfloat16
+# products, about 16 bits, far inside what d(log decay) needs; tf32x3 held twice the shared memory and spilled
+# (sm_90, gsa bf16 D = 128: the value-dim gradient kernel 196608 bytes and 1432 spilled against 139264 and 568)
+FLOAT32_DOTS = "bf16x3"
 STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key (or value) dim
+
+
+def _strip_args(common: dict, acc: torch.dtype, **changes) -> dict:
+    """strips_bwd's shape arguments: `common` with `changes`, its float32 dots at FLOAT32_DOTS instead of PRECISION."""
+    return {**{k: v for k, v in common.items() if k != "PRECISION"}, **changes, "ACC_PRECISION": _acc_precision(acc, FLOAT32_DOTS)}
 
 
 def diagonal_span(dtype: torch.dtype) -> float:
@@ -205,7 +211,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay), device=b.device)
     A = torch.empty(B, T, H, c.BT if decay in STRIP_DECAYS else 0, dtype=h0.dtype, device=b.device)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
-    precise = dict(ACC_PRECISION=_acc_precision(h0.dtype, VALUE_DECAY_PRECISION)) if per_value else {}  # float32 states' dots
+    precise = dict(ACC_PRECISION=_acc_precision(h0.dtype, FLOAT32_DOTS)) if per_value else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
@@ -219,7 +225,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             b, None, b, g, Bc, A, o, None, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=True,
-            num_warps=4, **dict(common, K=V, BK=_pow2(V), USE_QS=False))  # fmt: skip
+            num_warps=4, **_strip_args(common, h0.dtype, K=V, BK=_pow2(V), USE_QS=False))  # fmt: skip
     elif NC * H:
         Bc = None
         if decay == "key":
@@ -265,7 +271,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
-    precise = dict(ACC_PRECISION=_acc_precision(acc, VALUE_DECAY_PRECISION)) if decay == "value" else {}  # float32 states' dots
+    precise = dict(ACC_PRECISION=_acc_precision(acc, FLOAT32_DOTS)) if decay == "value" else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
@@ -288,7 +294,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
                           BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=1, **common, **precise)  # fmt: skip
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             do, None, b, g, Bc, A, o_part, db_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(b.dtype), ONLY_DQ=False,
-            num_warps=4, **turned)  # fmt: skip
+            num_warps=4, **_strip_args(turned, acc))  # fmt: skip
         turned.pop("PRECISION")
         getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
             do, None, b, o_part, db_part, dgs, None, db, dg, cu_seqlens, indices, T, num_warps=8, **turned)
@@ -301,7 +307,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), num_warps=4,
-            **common)  # fmt: skip
+            **_strip_args(common, acc))  # fmt: skip
         common.pop("PRECISION")
         getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
             q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)

@@ -94,7 +94,7 @@ HOSTS = (
     _Host(
         "host.py",
         ((triton_backend, ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments",
-                           "FAMILY", "STRIP_DECAYS", "VALUE_DECAY_PRECISION",
+                           "FAMILY", "STRIP_DECAYS", "FLOAT32_DOTS", "_strip_args",
                            "STRIP", "diagonal_span", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
                            "chunk_scan", "_chunk_backward_impl", "chunk_scan_backward", "_chunk_save", "_chunk_grads",
                            "_chunk_setup_context", "_EagerChunkScan", "launch_problems", "run_scan_op", "run_chunk_scan",
