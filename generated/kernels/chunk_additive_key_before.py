@@ -386,9 +386,9 @@ def chunk_additive_key_before_float32_strips_bwd(
     parts grads_bwd left: dq_i from blocks j <= i, da_i from blocks j >= i. One program per (block, chunk, head).
     Other blocks by dots against the log decay P before block i (dq) or Z through it (da), both factors <= 1; the
     diagonal block the same way when its own log decay P - Z stays under SPAN nats (scores_fwd), else row by row.
-    The dots take dA and the decayed rows in float32 at ACC_PRECISION: d(log decay) sums q dq - a da, in which
-    these parts cancel pair by pair, so their rounding is what it keeps (bf16 operands: gla's bf16 d(log decay)
-    2.1e-2 relative at D = 128, T = 8192 on the H200; FLA's float32 intra-chunk products 2.4e-3)."""
+    The dots take dA and the decayed rows in float32 at ACC_PRECISION, as FLA's intra-chunk gradients do: d(log
+    decay) sums q dq - a da, in which these parts cancel pair by pair (with bf16 operands gla's bf16 d(log decay)
+    measured 2.1e-2 relative at D = 128, T = 8192 on the H200, FLA's 2.4e-3; bench/results/NOTES.md)."""
     i_i = tl.program_id(0)
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
