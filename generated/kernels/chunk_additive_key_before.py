@@ -56,7 +56,6 @@ def chunk_additive_key_before_float32_state_fwd(
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         b_gT = tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
-        b_E = b_B - b_gT
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
         b_h0 = b_h0 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 1 * BK:
@@ -64,7 +63,6 @@ def chunk_additive_key_before_float32_state_fwd(
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             b_gT = tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
-            b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h1 = b_h1 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 2 * BK:
@@ -72,7 +70,6 @@ def chunk_additive_key_before_float32_state_fwd(
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             b_gT = tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
-            b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h2 = b_h2 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 3 * BK:
@@ -80,7 +77,6 @@ def chunk_additive_key_before_float32_state_fwd(
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             b_gT = tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
-            b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h3 = b_h3 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
     if STORE_HT:
@@ -114,7 +110,6 @@ def chunk_additive_key_before_float32_cumsum_fwd(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
     m_t = i_t * BT + o_t < L
-    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_B = tl.cumsum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), axis=0)  # [BT, BK]
@@ -142,7 +137,6 @@ def chunk_additive_key_before_float32_scores_fwd(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
     m_t = i_t * BT + o_t < L
-    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_c = tl.arange(0, BC)
@@ -152,7 +146,6 @@ def chunk_additive_key_before_float32_scores_fwd(
         b_qi = tl.load(q + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
         if USE_QS:
             b_qi = b_qi * tl.load(qs + i_h)
-        b_ai = tl.load(a + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
         b_Ei = b_Bi - tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
@@ -400,10 +393,6 @@ def chunk_additive_key_before_float32_strips_bwd(
         i_n, i_t = i_c // tl.cdiv(T, BT), i_c % tl.cdiv(T, BT)
         bos = i_n.to(tl.int64) * T
         L = T
-    o_t = tl.arange(0, BT)
-    t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
-    m_t = i_t * BT + o_t < L
-    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     if i_t * BT + i_i * BC >= L:
         return
     o_k = tl.arange(0, BK)
@@ -411,10 +400,6 @@ def chunk_additive_key_before_float32_strips_bwd(
     o_c = tl.arange(0, BC)
     ri = bos + i_t * BT + i_i * BC + o_c  # [BC] block i's rows
     m_ri = i_t * BT + i_i * BC + o_c < L
-    b_qi = tl.load(q + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
-    if USE_QS:
-        b_qi = b_qi * tl.load(qs + i_h)
-    b_ai = tl.load(a + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
     b_Ei = b_Bi - tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
@@ -426,9 +411,6 @@ def chunk_additive_key_before_float32_strips_bwd(
     for i_j in range(0, i_i + diagonal):  # earlier blocks (and the diagonal one), against P
         rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
         m_rj = i_t * BT + i_j * BC + o_c < L
-        b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
-        if USE_QS:
-            b_qj = b_qj * tl.load(qs + i_h)
         b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
         b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
@@ -441,7 +423,6 @@ def chunk_additive_key_before_float32_strips_bwd(
         b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
         if USE_QS:
             b_qj = b_qj * tl.load(qs + i_h)
-        b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
         b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_dAji = tl.load(dA + (rj[:, None] * H + i_h) * BT + (i_i * BC + o_c)[None, :], mask=m_rj[:, None], other=0.)  # [BC, BC]
@@ -491,7 +472,6 @@ def chunk_additive_key_before_float32_decay_bwd(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
     m_t = i_t * BT + o_t < L
-    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]

@@ -56,7 +56,6 @@ def chunk_additive_scalar_after_float32_state_fwd(
         b_gn = tl.load(g + (bos + (i_t + 1) * BT + o_t) * H + i_h, mask=(i_t + 1) * BT + o_t < L, other=0.)
         b_g = b_g.to(tl.float32)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
-        b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
         b_b = (b_b * tl.exp(b_last - b_B)[:, None]).to(b_b.dtype)
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
@@ -117,7 +116,6 @@ def chunk_additive_scalar_after_float32_output_fwd(
     b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
-    b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_o = tl.dot((b_q * tl.exp(b_E)[:, None]).to(b_q.dtype), b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]

@@ -103,7 +103,6 @@ def chunk_additive_value_after_float32_cumsum_fwd(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
     m_t = i_t * BT + o_t < L
-    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_B = tl.cumsum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), axis=0)  # [BT, BK]
@@ -131,7 +130,6 @@ def chunk_additive_value_after_float32_scores_fwd(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
     m_t = i_t * BT + o_t < L
-    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_c = tl.arange(0, BC)
@@ -141,7 +139,6 @@ def chunk_additive_value_after_float32_scores_fwd(
         b_qi = tl.load(q + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
         if USE_QS:
             b_qi = b_qi * tl.load(qs + i_h)
-        b_ai = tl.load(a + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
         b_Ei = b_Bi
         b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
@@ -379,10 +376,6 @@ def chunk_additive_value_after_float32_strips_bwd(
         i_n, i_t = i_c // tl.cdiv(T, BT), i_c % tl.cdiv(T, BT)
         bos = i_n.to(tl.int64) * T
         L = T
-    o_t = tl.arange(0, BT)
-    t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
-    m_t = i_t * BT + o_t < L
-    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     if i_t * BT + i_i * BC >= L:
         return
     o_k = tl.arange(0, BK)
@@ -390,10 +383,6 @@ def chunk_additive_value_after_float32_strips_bwd(
     o_c = tl.arange(0, BC)
     ri = bos + i_t * BT + i_i * BC + o_c  # [BC] block i's rows
     m_ri = i_t * BT + i_i * BC + o_c < L
-    b_qi = tl.load(q + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
-    if USE_QS:
-        b_qi = b_qi * tl.load(qs + i_h)
-    b_ai = tl.load(a + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
     b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
     b_Ei = b_Bi
     b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
@@ -405,9 +394,6 @@ def chunk_additive_value_after_float32_strips_bwd(
     for i_j in range(0, i_i + diagonal):  # earlier blocks (and the diagonal one), against P
         rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
         m_rj = i_t * BT + i_j * BC + o_c < L
-        b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
-        if USE_QS:
-            b_qj = b_qj * tl.load(qs + i_h)
         b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
         b_Ej = b_Bj
@@ -420,7 +406,6 @@ def chunk_additive_value_after_float32_strips_bwd(
         b_qj = tl.load(q + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BC, BK]
         if USE_QS:
             b_qj = b_qj * tl.load(qs + i_h)
-        b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
         b_Ej = b_Bj
         b_dAji = tl.load(dA + (rj[:, None] * H + i_h) * BT + (i_i * BC + o_c)[None, :], mask=m_rj[:, None], other=0.)  # [BC, BC]
@@ -472,7 +457,6 @@ def chunk_additive_value_after_float32_decay_bwd(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
     m_t = i_t * BT + o_t < L
-    p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]

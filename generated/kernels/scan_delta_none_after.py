@@ -22,13 +22,11 @@ def scan_delta_none_after_float32_prepare_kernel(
         i_t = tl.load(chunk_indices + i_c * 2 + 1)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        i_ct = i_c.to(tl.int64)
     else:
         i_n, i_h = i_x // H, i_x % H
         i_t = i_c
         bos = i_n.to(tl.int64) * T
         eos = bos + T
-        i_ct = i_n.to(tl.int64) * tl.cdiv(T, BT) + i_t
     L = eos - bos
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
@@ -235,13 +233,11 @@ def scan_delta_none_after_float32_bwd_dv_kernel(
         i_t = tl.load(chunk_indices + i_c * 2 + 1)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        i_ct = i_c.to(tl.int64)
     else:
         i_n, i_h = i_x // H, i_x % H
         i_t = i_c
         bos = i_n.to(tl.int64) * T
         eos = bos + T
-        i_ct = i_n.to(tl.int64) * tl.cdiv(T, BT) + i_t
     L = eos - bos
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
@@ -287,8 +283,6 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
         eos = bos + T
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     L = eos - bos
-    o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     row0 = bos * H + i_h  # the sequence's first token, this head: rows of q, a, w, do, du are H apart
     q += row0 * K
     a += row0 * K

@@ -22,22 +22,17 @@ def scan_delta_scalar_after_float32_prepare_kernel(
         i_t = tl.load(chunk_indices + i_c * 2 + 1)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        i_ct = i_c.to(tl.int64)
     else:
         i_n, i_h = i_x // H, i_x % H
         i_t = i_c
         bos = i_n.to(tl.int64) * T
         eos = bos + T
-        i_ct = i_n.to(tl.int64) * tl.cdiv(T, BT) + i_t
     L = eos - bos
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
     b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
-    b_E = b_B
-    b_last = tl.sum(b_g, axis=0)
-    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
     p_tm = tm + (t[:, None] * H + i_h) * BT + o_t[None, :]
     if SOLVE:
         m_s = o_t[:, None] > o_t[None, :]
@@ -161,8 +156,6 @@ def scan_delta_scalar_after_float32_state_kernel(
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t + 1) * BT + o_t) * H + i_h, mask=(i_t + 1) * BT + o_t < L, other=0.)
         b_g = b_g.to(tl.float32)  # [BT]
-        b_B = tl.cumsum(b_g, axis=0)
-        b_E = b_B
         b_last = tl.sum(b_g, axis=0)
         b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
@@ -219,8 +212,6 @@ def scan_delta_scalar_after_float32_output_kernel(
     b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
-    b_last = tl.sum(b_g, axis=0)
-    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
@@ -253,13 +244,11 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
         i_t = tl.load(chunk_indices + i_c * 2 + 1)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        i_ct = i_c.to(tl.int64)
     else:
         i_n, i_h = i_x // H, i_x % H
         i_t = i_c
         bos = i_n.to(tl.int64) * T
         eos = bos + T
-        i_ct = i_n.to(tl.int64) * tl.cdiv(T, BT) + i_t
     L = eos - bos
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
@@ -268,8 +257,6 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
     b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
-    b_last = tl.sum(b_g, axis=0)
-    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
@@ -464,7 +451,6 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
-    b_last = tl.sum(b_g, axis=0)
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
     b_T = tl.load(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)  # dO S0^T
