@@ -324,7 +324,16 @@ def device_info(device: torch.device) -> dict:
 def merge(paths: list[str]) -> dict:
     """Saved runs of one configuration (learning rates and specs aside) as one record: each spec's best run, with every
     rate's accuracy in its sweep; the record keeps each file's command and machine."""
-    records = [json.load(open(p)) for p in paths]
+    records = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                record = json.load(f)
+            if record.get("task") != "mqar" or not isinstance(record.get("results"), list):
+                raise ValueError("not a saved MQAR run (--out of examples/mqar.py)")
+        except (OSError, ValueError, AttributeError) as e:
+            raise SystemExit(f"--merge: {path}: {e}") from None
+        records.append(record)
     same = ("steps", "d_model", "layers", "heads", "seq_len", "num_kv_pairs", "vocab", "batch", "eval_sequences", "seed")
     first = records[0]["config"]
     for path, r in zip(paths, records):

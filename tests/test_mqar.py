@@ -102,3 +102,7 @@ def test_merge_keeps_each_specs_best_run_and_every_rate(mqar, tmp_path, capsys):
     Path(paths[1]).write_text(json.dumps(record(5e-3, [("gla", 0.5)], steps=20)))
     with pytest.raises(SystemExit, match="steps"):
         mqar.main(["--merge", *paths])
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    for bad in (str(tmp_path / "bad.json"), str(tmp_path / "missing.json")):
+        with pytest.raises(SystemExit, match="--merge: .*(bad|missing).json"):
+            mqar.main(["--merge", bad])
