@@ -144,10 +144,6 @@ def diagonal_span(dtype: torch.dtype) -> float:
     return 4.0 if dtype == torch.float16 else 30.0
 
 
-def family(decay: str) -> str:
-    return FAMILY
-
-
 def kernel_names(decay: str) -> list[str]:
     """The kernels an additive scan with this decay renders, in launch order."""
     if decay == "key":
@@ -383,8 +379,6 @@ def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: l
     return run_scan_op(chunk_scan, _EagerChunkScan, _chunk_forward, args, (q, a, b, g, h0))
 
 
-
-
 def state_key_block(K: int) -> int:
     """The key block of the sequential state passes (chunk_additive's walks, scan_delta's state pass): the state as
     at most four [BK, BV] blocks (K <= 256)."""
@@ -511,7 +505,7 @@ OVERRIDE_FAMILY: str | None = None  # the template family the override is for (N
 
 
 def kernel_hash(decay: str, read: str, acc: str) -> str:
-    return _digest(render(family(decay), decay=decay, read=read, acc=acc))
+    return _digest(render(FAMILY, decay=decay, read=read, acc=acc))
 
 
 def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, default, hash_of, usable=lambda c: True) -> Config:
@@ -540,7 +534,7 @@ def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, defa
 
 def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
     """The additive kernels' configuration (choose_config)."""
-    return choose_config(family(decay), decay, read, acc, dtype, B, T, H, K, V, device, default_config, kernel_hash)
+    return choose_config(FAMILY, decay, read, acc, dtype, B, T, H, K, V, device, default_config, kernel_hash)
 
 
 def direct_operands(compiled: Compiled, call: Call) -> dict[int, tuple[str, int | None]]:

@@ -40,7 +40,7 @@ def chunk_config(scan) -> tuple[str, str, str]:
     if scan.rule == "delta":
         return (triton_delta.FAMILY, *triton_delta.template_config(scan))
     decay, read = triton_backend.template_config(scan)
-    return (triton_backend.family(decay), decay, read)
+    return (triton_backend.FAMILY, decay, read)
 
 
 def chunk_configs(compiled: Compiled) -> list[tuple[str, str, str]]:
