@@ -11,21 +11,30 @@ GPU's Triton shows up here as a failed gradient.
 Time: lamixer.bench (the same as `lamixer bench`): forward and forward+backward at B*T = 32768,
 H = 16, D = 128, bf16, peak memory, one-token decode; FLA (with --fla) and SDPA side by side.
 Results go to $OUT (or bench/results) as gpu.json.
+
+    python bench/gpu.py --emulate [--specs a,b]
+
+runs the chunk kernels' bf16 checks on this machine's CPU instead, under Triton's interpreter computing bf16 and
+float32 dots as the GPU does (lamixer.emulate), without the long case: minutes per spec, no GPU needed.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 import time
 
-import torch
-import triton
+if "--emulate" in sys.argv:  # Triton reads it at import
+    os.environ["TRITON_INTERPRET"] = "1"
 
-import lamixer
-from lamixer import bench
-from lamixer.backends import triton as triton_backend
-from lamixer.check import compare, forward_backward, random_call, rel_rms
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+import lamixer  # noqa: E402
+from lamixer import bench  # noqa: E402
+from lamixer.backends import triton as triton_backend  # noqa: E402
+from lamixer.check import compare, forward_backward, random_call, rel_rms  # noqa: E402
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2}
 
@@ -34,7 +43,7 @@ def triton_specs() -> list[str]:
     return [n for n in lamixer.shipped_specs() if not triton_backend.unsupported(lamixer.load(n).compiled)]
 
 
-def check(names, rows, quick=False):
+def check(names, rows, quick=False, device="cuda", dtypes=(torch.float32, torch.bfloat16), long=True):
     cases = [  # B, T, H, size, gate, initial state, packed
         (2, 63, 4, 64, "strong", True, None),
         (2, 1000, 4, 64, "weak", True, None),
@@ -42,11 +51,11 @@ def check(names, rows, quick=False):
     ][: 2 if quick else 3]
     for name in names:
         m = lamixer.load(name)
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes:
             for B, T, H, size, gate, init, cu in cases:
                 t0 = time.time()
                 tensors, states = random_call(m, B=B, T=T or 1, H=H, size=size, gate=gate, dtype=dtype, initial_state=init,
-                                              cu_seqlens=cu, device="cuda", seed=T or 7)  # fmt: skip
+                                              cu_seqlens=cu, device=device, seed=T or 7)  # fmt: skip
                 states = tuple(s.float() for s in states) if states else None
                 c = compare(m, "triton", tensors, states, cu_seqlens=cu)
                 ok = c.worst < TOL[dtype]
@@ -55,7 +64,7 @@ def check(names, rows, quick=False):
                 print(rows[-1], flush=True)
         # a long sequence at the benchmark's head dim (128) against the float64 torch backend: at 64 gla's bf16 d(log
         # decay) passed where at 128 it measured 2.1e-2 (bench/results/NOTES.md, 2026-11-30)
-        for dtype in () if quick else (torch.float32, torch.bfloat16):
+        for dtype in dtypes if long and not quick else ():
             tensors, states = random_call(m, B=1, T=16384, H=2, size=128, gate="normal", dtype=dtype, device="cuda", seed=1)
             states = tuple(s.float() for s in states)
             got = forward_backward(m, tensors, states, "triton")
@@ -98,9 +107,12 @@ def main():
     ap.add_argument("--fla", action="store_true", help="time FLA beside lamixer (its first-call autotuning takes minutes per op and shape)")
     ap.add_argument("--autotune", type=int, default=0, metavar="N",
                     help="before timing, try N kernel configurations per timed spec at T = 8192 (cache: $LAMIXER_CACHE, else ~/.cache/lamixer)")
+    ap.add_argument("--emulate", action="store_true", help="the bf16 checks on this CPU, bf16 as the GPU computes it (no timing)")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
     names = args.specs.split(",") if args.specs else triton_specs()
+    if args.emulate:
+        return emulated(names, args)
     res = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, rows=[])
     print(res, flush=True)
     try:
@@ -126,6 +138,23 @@ def main():
             json.dump(res, f, indent=1, default=str)
     bad = [r for r in res["rows"] if r.get("kind") == "check" and not r["ok"]]
     print(f"checks: {sum(r.get('kind') == 'check' for r in res['rows']) - len(bad)} ok, {len(bad)} failed")
+    for r in bad:
+        print("FAILED", r)
+
+
+def emulated(names, args) -> None:
+    from lamixer import emulate
+
+    emulate.bf16_like_gpu()
+    res = dict(device="cpu: Triton's interpreter, bf16 as on the GPU (lamixer.emulate)", triton=triton.__version__, rows=[])
+    try:
+        check(names, res["rows"], args.quick, device="cpu", dtypes=(torch.bfloat16,), long=False)
+    finally:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "gpu_emulated.json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    bad = [r for r in res["rows"] if not r["ok"]]
+    print(f"checks: {len(res['rows']) - len(bad)} ok, {len(bad)} failed")
     for r in bad:
         print("FAILED", r)
 

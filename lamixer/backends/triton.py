@@ -406,11 +406,20 @@ def state_stages(work: torch.dtype, K: int) -> int:
 ACC_PRECISIONS = ("tf32x3", "bf16x3", "bf16x6", "tf32", "ieee")  # Triton 3.6's for float32 dots on NVIDIA
 
 
+def bf16_interpreted() -> bool:
+    """Whether kernels run under the CPU interpreter as patched by lamixer.emulate.bf16_like_gpu(): bfloat16 dots
+    and casts, and float32 dots' input precision, as on the GPU."""
+    import sys
+
+    module = sys.modules.get("triton.runtime.interpreter")
+    return module is not None and getattr(module.InterpreterBuilder, "BF16_LIKE_GPU", False)
+
+
 def _acc_precision(acc: torch.dtype, default: str = "tf32x3") -> str:
     """How float32 intermediates enter the tensor cores: `default` (tf32x3: about float32's precision), unless
     LAMIXER_ACC_PRECISION names another of ACC_PRECISIONS (for measuring, e.g. bf16x3: three bfloat16 products,
-    about 16 bits, fewer registers); float64 and the CPU interpreter take ieee."""
-    if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1":
+    about 16 bits, fewer registers); float64 and the CPU interpreter (unless bf16_interpreted()) take ieee."""
+    if acc == torch.float64 or (os.environ.get("TRITON_INTERPRET") == "1" and not bf16_interpreted()):
         return "ieee"
     mode = os.environ.get("LAMIXER_ACC_PRECISION", default)
     if mode not in ACC_PRECISIONS:
@@ -594,8 +603,8 @@ def _evaluate(call: Call, compiled: Compiled, scan_impl, direct, prog) -> tuple[
 def _choices(compiled: Compiled, call: Call, interpreted: bool) -> tuple:
     """(scan implementation, direct operands, evaluation program) for this call."""
     dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
-    if dtype == torch.bfloat16 and interpreted:
-        dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits
+    if dtype == torch.bfloat16 and interpreted and not bf16_interpreted():
+        dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits (lamixer.emulate)
     direct = direct_operands(compiled, call)
     from . import recurrent  # inference on short sequences: the recurrent kernel (see its module)
 
