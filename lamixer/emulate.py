@@ -10,11 +10,11 @@ the interpreter).
 bf16_like_gpu() patches the interpreter (once, in this process) so that:
 - dots of bfloat16 operands multiply their values, accumulating in float32;
 - float32 -> bfloat16 casts round to nearest even;
+- elementwise arithmetic on bfloat16 operands computes on their values, its result rounded to bfloat16;
 - float32 dots round their operands as input_precision says: tf32 (10-bit mantissas), tf32x3 and bf16x3 (a value
   split into a high and a low part, three products), bf16x6 (three parts, six products), ieee exact.
 After it (lamixer.backends.triton.bf16_interpreted()), the triton backend runs bfloat16 calls in bfloat16 under the interpreter, and float32 dots at the
-precision the GPU would use (LAMIXER_ACC_PRECISION included). Elementwise bfloat16 arithmetic is left as Triton
-interprets it: the templates compute in float32.
+precision the GPU would use (LAMIXER_ACC_PRECISION included).
 
 It is measured against the H200: gla at commit 8cec813 (bf16 strips), B = 1, T = 1024, H = 2, D = 128, bf16 inputs
 against float64: this interpreter o 3.29e-3, dq 3.28e-3, dk 3.31e-3, dv 3.68e-3, dg 2.07e-2; the H200 at B = 4,
@@ -113,6 +113,34 @@ def bf16_like_gpu() -> None:
 
     builder.__init__ = __init__
     allow_gpu_modes(I.interpreter_builder)
+    original_binary, original_unary, original_ternary = builder.binary_op, builder.unary_op, builder.ternary_op
+
+    def rounded(out: np.ndarray):  # an elementwise result on bfloat16 operands: rounded, as the GPU's bf16 op
+        if out.dtype == np.bool_:  # a comparison: as the interpreter returns one on bf16 operands
+            return I.TensorHandle(out.astype(np.uint16), tl.bfloat16)
+        return I.TensorHandle(_to_bf16_bits(out), tl.bfloat16)
+
+    def binary_op(self, lhs, rhs, op):
+        if lhs.dtype.scalar == tl.bfloat16:
+            return rounded(op(value(lhs), value(rhs)))
+        return original_binary(self, lhs, rhs, op)
+
+    def unary_op(self, arg, op):
+        if arg.dtype.scalar == tl.bfloat16:
+            return rounded(op(value(arg)))
+        return original_unary(self, arg, op)
+
+    def ternary_op(self, lhs, rhs, other, op):
+        if other.dtype.scalar == tl.bfloat16 and op is not np.where:  # a select moves bits: as it is
+            return rounded(op(value(lhs), value(rhs), value(other)))
+        return original_ternary(self, lhs, rhs, other, op)
+
+    def create_fma(self, x, y, z):
+        if z.dtype.scalar == tl.bfloat16:
+            return rounded(value(x) * value(y) + value(z))
+        return I.TensorHandle(x.data * y.data + z.data, z.dtype.scalar)
+
+    builder.binary_op, builder.unary_op, builder.ternary_op, builder.create_fma = binary_op, unary_op, ternary_op, create_fma
     builder.create_dot, builder.cast_impl, builder.create_fp_to_fp = create_dot, cast_impl, create_fp_to_fp
     builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
     builder.BF16_LIKE_GPU = True
