@@ -20,15 +20,15 @@ from lamixer.check import forward_backward, random_call, rel_rms  # noqa: E402
 spec, B, T, H, D, gate = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
 emulate.bf16_like_gpu()
 seen = set()
-run_chunk_scan = tb.run_chunk_scan
+triton_scan = tb.triton_scan
 
 
-def spy(q, *args):
-    seen.add(str(q.dtype))
-    return run_chunk_scan(q, *args)
+def spy(ops, dtype):  # the dtype the chunk kernels run in
+    seen.add(str(dtype))
+    return triton_scan(ops, dtype)
 
 
-tb.run_chunk_scan = spy
+tb.triton_scan = spy
 m = lamixer.load(spec)
 tensors, states = random_call(m, B=B, T=T, H=H, size=D, gate=gate, dtype=torch.bfloat16, seed=T, distinct=False)
 states = tuple(s.float() for s in states)

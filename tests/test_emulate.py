@@ -1,7 +1,7 @@
 """lamixer.emulate: the CPU interpreter computing bf16 and float32 dots as the GPU does.
 
-Its dot modes against float64 products, and bf16 kernels run under it: gla's d(log decay), whose error the H200
-showed (2.1e-2 from bf16 strips) and the plain interpreter could not (it runs bf16 calls in float32)."""
+Its dot modes against float64 products, and bf16 kernels run under it: d(log decay), whose error the H200 showed
+(gla: 2.1e-2 from bf16 strips) and the plain interpreter could not (it runs bf16 calls in float32)."""
 import json
 import subprocess
 import sys
@@ -35,13 +35,17 @@ def test_rounding_to_bf16_is_to_nearest_even():
     assert emulate._bf16_value(emulate._to_bf16_bits(x)).tolist() == [1.0, 1 + 2**-6, 1 + 2**-7, -(1 + 2**-7)]
 
 
-def test_bf16_kernels_under_emulation():
-    """gla in bf16 (B = 1, T = 200, H = 2, D = 64): the kernels really run in bf16, and d(log decay) is near the
-    other gradients (2.3e-3; 1.8e-2 with the strips' dots on bf16 operands, as the H200 measured)."""
-    out = subprocess.run([sys.executable, str(WORKER), "gla", "1", "200", "2", "64", "normal"], capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("spec, shape, gate", [
+    ("gla", (1, 200, 2, 64), "normal"),  # dg 2.3e-3; 1.8e-2 with the strips' dots on bf16 operands (H200: 2.1e-2)
+    ("gated_deltanet", (2, 63, 4, 64), "strong"),  # dg 4.3e-3; 2.3e-2 with da's state term scaled after its product
+])  # fmt: skip
+def test_bf16_kernels_under_emulation(spec, shape, gate):
+    """bf16 kernels, run in bf16 as on the GPU: d(log decay), a suffix sum of terms that cancel, stays near the other
+    gradients only while its terms are rounded alike (the numbers: the templates' headers)."""
+    out = subprocess.run([sys.executable, str(WORKER), spec, *map(str, shape), gate], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["dtypes"] == ["torch.bfloat16"]
     bad = {k: f"{v:.2e}" for k, v in res["errors"].items() if not v < 1e-2}
     assert not bad, bad
-    assert res["errors"]["dg"] < 5e-3, res["errors"]
+    assert res["errors"]["dg"] < 7e-3, res["errors"]

@@ -60,8 +60,8 @@ def _choose(call, backend):
     if pick_backend("gla", backend, call, missing) == "torch":
         return torch_scan
     dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
-    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1":
-        dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1" and not host.bf16_interpreted():
+        dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits (lamixer.emulate)
     return functools.partial(host_recurrent.scan if recurrent else host.triton_scan, dtype=dtype)
 
 

@@ -5,9 +5,9 @@ from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segme
 STRIP_DECAYS, FLOAT32_DOTS, _strip_args, STRIP, diagonal_span, _chunks, _chunk_cumsum,
 _snapshot_dtype, PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward,
 _chunk_save, _chunk_grads, _chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op,
-run_chunk_scan, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, _acc_precision,
-_launch, _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from lamixer/autotune.py:
-Config, _pow2, default_config.
+run_chunk_scan, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, bf16_interpreted,
+_acc_precision, _launch, _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from
+lamixer/autotune.py: Config, _pow2, default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
 file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's
 cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -344,8 +344,8 @@ def walk_key_blocks(c: Config, K: int) -> tuple[int, int]:
 def state_stages(work: torch.dtype, K: int) -> int:
     """The sequential state passes' pipeline stages, whatever the configuration's (H200, K = V = 128, bf16, 4 warps,
     bench/state_probe.py: the delta state pass in the form of templates/state_blocks.jinja 216 us at 3 stages, 313
-    at 2, 632 at 1; chunk_additive's walk 159 / 215 / 388 with 32-wide value blocks). Intermediates of 4 bytes (a
-    decayed delta rule, float32 inputs) take 2; above K = 128 both take one fewer: more would not fit a block's
+    at 2, 632 at 1; chunk_additive's walk 159 / 215 / 388 with 32-wide value blocks). Intermediates of 4 bytes (float32
+    inputs) take 2; above K = 128 both take one fewer: more would not fit a block's
     shared memory (the reverse pass of deltanet: float32 327680 bytes of 232448 at K = 128 and 3 stages, 245760 at
     K = 256 and 2; bf16 245760 at K = 256 and 3; compiled for sm_90 by bench/sm90.py)."""
     stages = 3 if work.itemsize == 2 else 2
@@ -355,11 +355,20 @@ def state_stages(work: torch.dtype, K: int) -> int:
 ACC_PRECISIONS = ("tf32x3", "bf16x3", "bf16x6", "tf32", "ieee")  # Triton 3.6's for float32 dots on NVIDIA
 
 
+def bf16_interpreted() -> bool:
+    """Whether kernels run under the CPU interpreter as patched by lamixer.emulate.bf16_like_gpu(): bfloat16 dots
+    and casts, and float32 dots' input precision, as on the GPU."""
+    import sys
+
+    module = sys.modules.get("triton.runtime.interpreter")
+    return module is not None and getattr(module.InterpreterBuilder, "BF16_LIKE_GPU", False)
+
+
 def _acc_precision(acc: torch.dtype, default: str = "tf32x3") -> str:
     """How float32 intermediates enter the tensor cores: `default` (tf32x3: about float32's precision), unless
     LAMIXER_ACC_PRECISION names another of ACC_PRECISIONS (for measuring, e.g. bf16x3: three bfloat16 products,
-    about 16 bits, fewer registers); float64 and the CPU interpreter take ieee."""
-    if acc == torch.float64 or os.environ.get("TRITON_INTERPRET") == "1":
+    about 16 bits, fewer registers); float64 and the CPU interpreter (unless bf16_interpreted()) take ieee."""
+    if acc == torch.float64 or (os.environ.get("TRITON_INTERPRET") == "1" and not bf16_interpreted()):
         return "ieee"
     mode = os.environ.get("LAMIXER_ACC_PRECISION", default)
     if mode not in ACC_PRECISIONS:

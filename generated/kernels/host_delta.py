@@ -54,7 +54,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     varlen = cu is not None
     chunks, indices, offsets = tb._chunks(cu, B, T, BT)
     grid_chunks = (tb.triton_cdiv(T, BT), N * H) if not varlen else (chunks, H)
-    work = a.dtype if g is None else acc  # the template's `lowp`: intermediates in the inputs' dtype without a decay
+    work = acc if g is not None and g.dim() == 4 else a.dtype  # W, U, chunk-start states: the template's `lowp` (float32 under a per-key decay)
     solve = tm is None
     if solve:
         tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)

@@ -77,13 +77,13 @@ def scan_delta_scalar_after_float32_prepare_kernel(
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_w = tl.dot((b_T).to(tl.float32), ((b_c * tl.exp(b_B)[:, None])).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BK]
+        b_w = tl.dot((b_T).to(a.dtype.element_ty), ((b_c * tl.exp(b_B)[:, None])).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BK]
         tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        b_u0 = tl.dot((b_T).to(tl.float32), (b_b).to(tl.float32), input_precision=ACC_PRECISION)
+        b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
 
 
@@ -137,19 +137,19 @@ def scan_delta_scalar_after_float32_state_kernel(
         p_h = h + ((c0 + i_t) * H + i_h) * K * V
         tl.store(p_h + s_kv, b_h0.to(h.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_w = tl.load(w + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
-        b_u = tl.dot((b_w).to(tl.float32), (b_h0).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
+        b_u = tl.dot((b_w).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 1 * BK:
             tl.store(p_h + 1 * BK * V + s_kv, b_h1.to(h.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_w = tl.load(w + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)  # [BT, BK]
-            b_u += tl.dot((b_w).to(tl.float32), (b_h1).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
+            b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 2 * BK:
             tl.store(p_h + 2 * BK * V + s_kv, b_h2.to(h.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_w = tl.load(w + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)  # [BT, BK]
-            b_u += tl.dot((b_w).to(tl.float32), (b_h2).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
+            b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 3 * BK:
             tl.store(p_h + 3 * BK * V + s_kv, b_h3.to(h.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_w = tl.load(w + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)  # [BT, BK]
-            b_u += tl.dot((b_w).to(tl.float32), (b_h3).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
+            b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         # U0 added after the products: a load that initialised their accumulator would not be pipelined
         b_u += tl.load(u0 + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)
         tl.store(u + r * V + s_tv, b_u.to(u.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
@@ -158,17 +158,18 @@ def scan_delta_scalar_after_float32_state_kernel(
         b_g = b_g.to(tl.float32)  # [BT]
         b_last = tl.sum(b_g, axis=0)
         b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
+        b_ud = b_u * tl.exp(b_R)[:, None]  # the values decayed to the chunk's end (the header: not the keys)
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
-        b_h0 = b_h0 * tl.exp(b_last) + tl.dot((b_aT * tl.exp(b_R)[None, :]).to(tl.float32), (b_u).to(tl.float32), input_precision=ACC_PRECISION)
+        b_h0 = b_h0 * tl.exp(b_last) + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 1 * BK:
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h1 = b_h1 * tl.exp(b_last) + tl.dot((b_aT * tl.exp(b_R)[None, :]).to(tl.float32), (b_u).to(tl.float32), input_precision=ACC_PRECISION)
+            b_h1 = b_h1 * tl.exp(b_last) + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 2 * BK:
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h2 = b_h2 * tl.exp(b_last) + tl.dot((b_aT * tl.exp(b_R)[None, :]).to(tl.float32), (b_u).to(tl.float32), input_precision=ACC_PRECISION)
+            b_h2 = b_h2 * tl.exp(b_last) + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 3 * BK:
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h3 = b_h3 * tl.exp(b_last) + tl.dot((b_aT * tl.exp(b_R)[None, :]).to(tl.float32), (b_u).to(tl.float32), input_precision=ACC_PRECISION)
+            b_h3 = b_h3 * tl.exp(b_last) + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
         tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
@@ -271,7 +272,7 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        b_du = tl.dot((tl.trans(b_A)).to(tl.float32), (b_do).to(tl.float32), input_precision=ACC_PRECISION)
+        b_du = tl.dot((tl.trans(b_A)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(du + (t[:, None] * H + i_h) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
 
 
@@ -330,23 +331,38 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 3 * BK:
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh.dtype.element_ty), boundary_check=(0, 1))
-        if ((i_t + 1) * BT) % P == 0 or (i_t + 1) * BT >= L:  # a segment's end: its whole-decay term
-            if (i_t + 1) * BT >= L:
-                p_end = ht + i_nh.to(tl.int64) * K * V
-            else:
-                p_end = h + ((c0 + i_t + 1) * H + i_h) * K * V
+        if ((i_t + 1) * BT) % P == 0 or (i_t + 1) * BT >= L:  # a segment's end: its whole-decay term, dS as stored
+            last = (i_t + 1) * BT >= L  # the final state (ht, float32), else the next chunk's start (h)
+            p_ht = ht + i_nh.to(tl.int64) * K * V
+            p_next = h + ((c0 + i_t + 1) * H + i_h) * K * V
             p_dgs = dgs + i_v.to(tl.int64) * dgs_block_stride + ((i_n.to(tl.int64) * NS + (i_t * BT) // P) * H + i_h) * K
-            b_end = tl.load(tl.make_block_ptr(p_end, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-            tl.store(p_dgs + 0 + o_k, tl.sum(b_h0 * b_end, axis=1), mask=(o_k < K))
+            if last:
+                b_end = tl.load(tl.make_block_ptr(p_ht, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+            else:
+                b_end = tl.load(tl.make_block_ptr(p_next, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+            b_dS = b_h0.to(dh.dtype.element_ty).to(tl.float32)
+            tl.store(p_dgs + 0 + o_k, tl.sum(b_dS * b_end, axis=1), mask=(o_k < K))
             if K > 1 * BK:
-                b_end = tl.load(tl.make_block_ptr(p_end, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-                tl.store(p_dgs + 1 * BK + o_k, tl.sum(b_h1 * b_end, axis=1), mask=(o_k < K - 1 * BK))
+                if last:
+                    b_end = tl.load(tl.make_block_ptr(p_ht, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+                else:
+                    b_end = tl.load(tl.make_block_ptr(p_next, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+                b_dS = b_h1.to(dh.dtype.element_ty).to(tl.float32)
+                tl.store(p_dgs + 1 * BK + o_k, tl.sum(b_dS * b_end, axis=1), mask=(o_k < K - 1 * BK))
             if K > 2 * BK:
-                b_end = tl.load(tl.make_block_ptr(p_end, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-                tl.store(p_dgs + 2 * BK + o_k, tl.sum(b_h2 * b_end, axis=1), mask=(o_k < K - 2 * BK))
+                if last:
+                    b_end = tl.load(tl.make_block_ptr(p_ht, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+                else:
+                    b_end = tl.load(tl.make_block_ptr(p_next, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+                b_dS = b_h2.to(dh.dtype.element_ty).to(tl.float32)
+                tl.store(p_dgs + 2 * BK + o_k, tl.sum(b_dS * b_end, axis=1), mask=(o_k < K - 2 * BK))
             if K > 3 * BK:
-                b_end = tl.load(tl.make_block_ptr(p_end, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-                tl.store(p_dgs + 3 * BK + o_k, tl.sum(b_h3 * b_end, axis=1), mask=(o_k < K - 3 * BK))
+                if last:
+                    b_end = tl.load(tl.make_block_ptr(p_ht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+                else:
+                    b_end = tl.load(tl.make_block_ptr(p_next, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
+                b_dS = b_h3.to(dh.dtype.element_ty).to(tl.float32)
+                tl.store(p_dgs + 3 * BK + o_k, tl.sum(b_dS * b_end, axis=1), mask=(o_k < K - 3 * BK))
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t - 1) * BT + o_t) * H + i_h, mask=(i_t - 1) * BT + o_t >= 0, other=0.)
         b_g = b_g.to(tl.float32)  # [BT]
@@ -355,16 +371,16 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
         b_last = tl.sum(b_g, axis=0)
         b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
         b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-        b_du = tl.dot(((b_a * tl.exp(b_R)[:, None])).to(tl.float32), (b_h0).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
+        b_du = tl.dot(((b_a * tl.exp(b_R)[:, None])).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 1 * BK:
             b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(tl.float32), (b_h1).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
+            b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 2 * BK:
             b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(tl.float32), (b_h2).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
+            b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 3 * BK:
             b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(tl.float32), (b_h3).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]
+            b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         # A^T dO added after the products: a load that initialised their accumulator would not be pipelined
         p_du = tl.make_block_ptr(du, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         b_du += tl.load(p_du, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
@@ -375,32 +391,32 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
         b_h0 = b_h0 * tl.exp(b_last)
-        b_h0 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(tl.float32), (b_do).to(tl.float32), input_precision=ACC_PRECISION)
-        b_h0 += tl.dot((tl.trans(b_w)).to(tl.float32), (b_du).to(tl.float32), input_precision=ACC_PRECISION)
+        b_h0 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_h0 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 1 * BK:
             b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_h1 = b_h1 * tl.exp(b_last)
-            b_h1 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(tl.float32), (b_do).to(tl.float32), input_precision=ACC_PRECISION)
-            b_h1 += tl.dot((tl.trans(b_w)).to(tl.float32), (b_du).to(tl.float32), input_precision=ACC_PRECISION)
+            b_h1 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_h1 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 2 * BK:
             b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_h2 = b_h2 * tl.exp(b_last)
-            b_h2 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(tl.float32), (b_do).to(tl.float32), input_precision=ACC_PRECISION)
-            b_h2 += tl.dot((tl.trans(b_w)).to(tl.float32), (b_du).to(tl.float32), input_precision=ACC_PRECISION)
+            b_h2 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_h2 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 3 * BK:
             b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_h3 = b_h3 * tl.exp(b_last)
-            b_h3 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(tl.float32), (b_do).to(tl.float32), input_precision=ACC_PRECISION)
-            b_h3 += tl.dot((tl.trans(b_w)).to(tl.float32), (b_du).to(tl.float32), input_precision=ACC_PRECISION)
+            b_h3 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_h3 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
     tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh0.dtype.element_ty), boundary_check=(0, 1))
     if K > 1 * BK:
@@ -467,25 +483,24 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
         b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
         b_du = tl.load(du + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)
         b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)
-        b_dR = tl.dot((tl.trans(b_T)).to(tl.float32), (b_du).to(tl.float32), input_precision=ACC_PRECISION)  # [BT, BV]: db
+        b_dR = tl.dot((tl.trans(b_T)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]: db
         if i_k == 0:
             tl.store(db + (t[:, None] * H + i_h) * V + o_v[None, :], b_dR.to(db.dtype.element_ty), mask=m_tv)
-        b_dq += tl.dot((b_do).to(tl.float32), (tl.trans(b_h)).to(tl.float32), input_precision=ACC_PRECISION)
-        b_dA += tl.dot((b_do).to(tl.float32), (tl.trans(b_u)).to(tl.float32), input_precision=ACC_PRECISION)
-        b_dc += tl.dot((b_dR).to(tl.float32), (tl.trans(b_h)).to(tl.float32), input_precision=ACC_PRECISION)
-        b_dM += tl.dot((b_dR).to(tl.float32), (tl.trans(b_u)).to(tl.float32), input_precision=ACC_PRECISION)
-        b_da += tl.dot((b_u).to(tl.float32), (tl.trans(b_dhe)).to(tl.float32), input_precision=ACC_PRECISION)
+        b_dq += tl.dot((b_do).to(a.dtype.element_ty), (tl.trans(b_h)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_dA += tl.dot((b_do).to(a.dtype.element_ty), (tl.trans(b_u)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_dc += tl.dot((b_dR).to(a.dtype.element_ty), (tl.trans(b_h)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_dM += tl.dot((b_dR).to(a.dtype.element_ty), (tl.trans(b_u)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_da += tl.dot((b_u * tl.exp(b_R)[:, None]).to(a.dtype.element_ty), (tl.trans(b_dhe)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # as rounded in the update
     b_dq = (b_dq * tl.exp(b_E)[:, None])
     b_dc = (b_dc * tl.exp(b_B)[:, None])
-    b_da = (b_da * tl.exp(b_R)[:, None])
     m_r = o_t[:, None] >= o_t[None, :]
     m_s = o_t[:, None] > o_t[None, :]
     b_dw = b_dA * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
-    b_dq += tl.dot((b_dw).to(tl.float32), (b_a).to(tl.float32), input_precision=ACC_PRECISION)
-    b_da += tl.dot((tl.trans(b_dw)).to(tl.float32), (b_q).to(tl.float32), input_precision=ACC_PRECISION)
+    b_dq += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+    b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_q).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_dw = b_dM * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
-    b_dc += tl.dot((b_dw).to(tl.float32), (b_a).to(tl.float32), input_precision=ACC_PRECISION)
-    b_da += tl.dot((tl.trans(b_dw)).to(tl.float32), (b_c).to(tl.float32), input_precision=ACC_PRECISION)
+    b_dc += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+    b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_c).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
     p_k = (t[:, None] * H + i_h) * K + o_k[None, :]
