@@ -27,7 +27,8 @@ class Config:
     """A launch configuration. chunk_additive (the additive rule) uses BT, BV (value block of the chunk-parallel
     kernels), BW and BK (value block and key rows of a program of the two sequential state walks: BK < K splits
     the key dim over programs), num_warps (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its
-    gradient kernel (0: BV / num_warps); scan_delta (the delta rule) BT, BV, BK, num_warps and num_stages."""
+    gradient kernel (0: BV / num_warps); scan_delta (the delta rule) BT, BV, BK, num_warps, num_stages and
+    warps_grad for its gradient kernel."""
 
     BT: int  # chunk length (divides the 64-token segment of scan_delta's d(log decay))
     BV: int
@@ -36,7 +37,7 @@ class Config:
     num_stages: int
     BW: int = 32  # chunk_additive: value block of the state walks
     BG: int = 0  # chunk_additive: value block of the gradient kernel (0: BV)
-    warps_grad: int = 0  # chunk_additive: the gradient kernel's warps (0: num_warps)
+    warps_grad: int = 0  # the gradient kernel's warps (0: num_warps)
 
     def as_list(self) -> list[int]:
         return [self.BT, self.BV, self.BK, self.num_warps, self.num_stages, self.BW, self.BG, self.warps_grad]

@@ -368,7 +368,7 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_bwd_grad_kernel(
-    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, cu_seqlens, chunk_indices, T,
+    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
@@ -434,12 +434,12 @@ def scan_delta_none_after_float32_bwd_grad_kernel(
     b_dw = tl.where(m_r, b_dA, 0.)
     b_dq += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_q).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+    p_k = (t[:, None] * H + i_h) * K + o_k[None, :]
+    if USE_QS:  # the gradient of the caller's query
+        b_dq = b_dq * tl.load(qs + i_h)
+    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     b_dw = tl.where(m_s, b_dM, 0.)
     b_dc += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_c).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-    if USE_QS:  # the gradient of the caller's query
-        b_dq = b_dq * tl.load(qs + i_h)
-    p_k = (t[:, None] * H + i_h) * K + o_k[None, :]
-    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)
     tl.store(dc + p_k, b_dc.to(dc.dtype.element_ty), mask=m_tk)

@@ -429,11 +429,13 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_grad_kernel(
-    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, cu_seqlens, chunk_indices, T,
+    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
-    """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V].
+    """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V];
+    and d(log decay)'s terms from the float32 gradients, before they are rounded: xq = q * dq and xr = c * dc - a * da,
+    summed over this key block: [NK, B, T, H] (x_block_stride apart) (the host's segment sums finish it).
 
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
     [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db).
@@ -498,12 +500,17 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_dw = b_dA * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     b_dq += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_q).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+    p_k = (t[:, None] * H + i_h) * K + o_k[None, :]
+    b_xq = b_q.to(tl.float32) * b_dq  # b_q carries the query's factor: the caller's q * dq
+    p_x = i_k.to(tl.int64) * x_block_stride + t * H + i_h
+    tl.store(xq + p_x, tl.sum(b_xq, axis=1), mask=m_t)
+    if USE_QS:  # the gradient of the caller's query
+        b_dq = b_dq * tl.load(qs + i_h)
+    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
     b_dw = b_dM * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     b_dc += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_c).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-    if USE_QS:  # the gradient of the caller's query
-        b_dq = b_dq * tl.load(qs + i_h)
-    p_k = (t[:, None] * H + i_h) * K + o_k[None, :]
-    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    b_xr = b_c.to(tl.float32) * b_dc - b_a.to(tl.float32) * b_da
+    tl.store(xr + p_x, tl.sum(b_xr, axis=1), mask=m_t)
     tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)
     tl.store(dc + p_k, b_dc.to(dc.dtype.element_ty), mask=m_tk)

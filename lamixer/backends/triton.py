@@ -444,36 +444,33 @@ def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
     return torch.cat([within(x[:, s:e]) for _, s, e in _segments(cu, 1, x.shape[1])], 1)
 
 
-def _decay_grad(q, dq, a, da, dgs, cu, read, decay, out_dtype, c=None, dc=None) -> torch.Tensor:
-    """d(log decay) of each token in out_dtype: within its segment of SEGMENT tokens, the suffix sum of q*dq (at the
-    read's position) - a*da (+ c*dc for an erase key, which sees the decay as a query after it does: unshifted),
-    plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs [N, NS, H, D]).
+def _decay_grad(xq, xr, dgs, cu, read, out_dtype) -> torch.Tensor:
+    """d(log decay) of each token [B, T, H, D] in out_dtype (D = 1 for a scalar decay) from the gradient kernel's
+    terms xq = q * dq and xr = c * dc - a * da (float32, before dq, da, dc were rounded; c the erase key, which sees
+    the decay as a query after it does): within the token's segment of SEGMENT tokens, the suffix sum of xq (at the
+    read's position) + xr, plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs
+    [N, NS, H, D]).
 
     Summing only within segments keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
     backward ops run this under torch.compile (runtime/fuse.py: function) for unpacked sequences.
     """
-    acc = dgs.dtype
-    qdq = q.to(acc) * dq.to(acc)
-    B, T = q.shape[:2]
-    pos = torch.arange(T, device=q.device)
+    B, T = xq.shape[:2]
+    pos = torch.arange(T, device=xq.device)
     if cu is not None:
         starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
         pos = pos - starts
     if read == "before":  # the read at i sees the decay through i - 1, of its own segment only
-        shifted = torch.cat([qdq[:, 1:], torch.zeros_like(qdq[:, :1])], 1)
-        keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=q.device)])
-        qdq = shifted * keep.view(1, T, 1, 1)
-    x = qdq - a.to(acc) * da.to(acc)
-    if c is not None:
-        x = x + c.to(acc) * dc.to(acc)
-    x = _segment_suffix_sums(x, cu)
+        shifted = torch.cat([xq[:, 1:], torch.zeros_like(xq[:, :1])], 1)
+        keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=xq.device)])
+        xq = shifted * keep.view(1, T, 1, 1)
+    x = _segment_suffix_sums(xq + xr, cu)
     seg = (pos // SEGMENT).view(1, T)
     if cu is None:
         x = x + dgs.gather(1, seg.expand(B, T).view(B, T, 1, 1).expand(B, T, *dgs.shape[2:]))
     else:
-        seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=q.device), cu[1:] - cu[:-1])
+        seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=xq.device), cu[1:] - cu[:-1])
         x = x + dgs[seq, seg[0]].unsqueeze(0)
-    return (x.sum(-1, keepdim=True)[..., 0] if decay == "scalar" else x).to(out_dtype)
+    return x.to(out_dtype)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -41,7 +41,7 @@ def default_config(decay: str, K: int, V: int) -> Config:
     BV = min(64 if K <= 128 else 32, _pow2(V))
     if decay == "key":
         return Config(16, BV, min(64, _pow2(K)), 8, 1)
-    return Config(64, BV, min(64, _pow2(K)), 4, 1)
+    return Config(64, BV, min(64, _pow2(K)), 4, 1, warps_grad=8)
 
 
 def candidates(decay: str, K: int, V: int) -> list[Config]:
@@ -52,9 +52,10 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
             for BK in sorted({min(b, _pow2(K)) for b in (32, 64)}):
                 for warps in (4, 8):
                     for stages in (1, 2):
-                        c = Config(BT, BV, BK, warps, stages)
-                        if c not in out:
-                            out.append(c)
+                        for warps_grad in (4, 8):
+                            c = Config(BT, BV, BK, warps, stages, warps_grad=warps_grad)
+                            if c not in out:
+                                out.append(c)
     return nearest_first(out)
 
 
@@ -151,25 +152,28 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, offsets, T, NS, N * NS * H * K,
         P=tb.SEGMENT, USE_DHT=True, **dict(common, BK=tb.state_key_block(K), num_stages=tb.state_stages(w.dtype, K)),
     )  # fmt: skip
-    grad = acc if g is not None else q.dtype  # kept precise under a decay: d(log decay) is built from dq, da, dc
-    dq = torch.empty(*q.shape, dtype=grad, device=q.device)
-    da = torch.empty(*a.shape, dtype=grad, device=a.device)
-    dc = torch.empty(*c.shape, dtype=grad, device=c.device)
-    db = torch.empty_like(b)
-    getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(tb.triton_cdiv(K, shapes["BK"]), *grid_chunks)](
-        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, cu_seqlens, indices, T, **common,
+    dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
+    NK = tb.triton_cdiv(K, shapes["BK"])
+    x_shape = (B, T, H, K) if decay == "key" else (NK, B, T, H)  # d(log decay)'s terms (the kernel's docstring)
+    xq, xr = (torch.empty(x_shape, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
+    getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
+        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, cu_seqlens, indices, T, B * T * H,
+        **dict(common, num_warps=cfg.warps_grad or cfg.num_warps),
     )  # fmt: skip
     if g is None:
         return dq, da, db, dc, q.new_empty(0), dh0
-    dq, da, dc, dg = fuse.function(_key_grads, q.device, q, dq, a, da, c, dc, dgs.sum(0), cu_seqlens, read, decay, g.dtype,
-                                   when=cu_seqlens is None)  # fmt: skip
+    dg = fuse.function(_decay_grad, q.device, xq, xr, dgs, cu_seqlens, read, decay, g.dtype, when=cu_seqlens is None)
     return dq, da, db, dc, dg, dh0
 
 
-def _key_grads(q, dq, a, da, c, dc, dgs, cu, read, decay, g_dtype):
-    """dq, da, dc in their inputs' dtypes and d(log decay) from them (one pass over the float32 gradients when fused)."""
-    dg = tb._decay_grad(q, dq, a, da, dgs, cu, read, decay, g_dtype, c, dc)
-    return dq.to(q.dtype), da.to(a.dtype), dc.to(c.dtype), dg
+def _decay_grad(xq, xr, dgs, cu, read, decay, g_dtype):
+    """d(log decay) from the gradient kernel's terms and the reverse pass's segment ends (per value block), through
+    triton._decay_grad; a scalar decay's terms come summed per key block."""
+    dgs = dgs.sum(0)
+    if decay == "key":
+        return tb._decay_grad(xq, xr, dgs, cu, read, g_dtype)
+    xq, xr = xq.sum(0).unsqueeze(-1), xr.sum(0).unsqueeze(-1)
+    return tb._decay_grad(xq, xr, dgs.sum(-1, keepdim=True), cu, read, g_dtype)[..., 0]
 
 
 delta_scan_backward = torch.library.custom_op("lamixer::delta_scan_backward", _delta_backward, mutates_args=())
