@@ -246,6 +246,11 @@ def search_space(mixer, size: int) -> tuple[str, list[Config]]:
     return family, (tb.triton_delta.candidates if family == tb.triton_delta.FAMILY else candidates)(decay, size, size)
 
 
+# errors after which the process's CUDA context is unusable: every later launch fails the same way (H200, Triton
+# 3.6: gated_deltanet's 16-wide value blocks faulted and the next two candidates failed with it)
+CONTEXT_FAULTS = ("illegal memory access", "unspecified launch failure", "misaligned address", "illegal instruction")
+
+
 def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: str, limit: int | None = None, on_trial=None) -> tuple[list[Trial], list[str]]:
     """Try each candidate on random inputs: check it against the torch backend, then time it; store the fastest.
 
@@ -285,6 +290,11 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
             error = max(rel_rms(got[k], reference[k]) for k in reference)
         except Exception as e:  # a configuration the compiler or the GPU rejects (registers, shared memory)
             trials.append(Trial(config, None, None, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
+            if any(fault in str(e) for fault in CONTEXT_FAULTS):
+                trials[-1] = Trial(config, None, None, trials[-1].note + " (the GPU context is lost: search stopped)")
+                if on_trial:
+                    on_trial(trials[-1])
+                break
         else:
             if not error < tol:
                 trials.append(Trial(config, error, None, "wrong: not timed"))

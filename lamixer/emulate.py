@@ -145,3 +145,64 @@ def bf16_like_gpu() -> None:
     builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
     builder.BF16_LIKE_GPU = True
 
+
+
+class OutOfBounds(RuntimeError):
+    """A kernel's load or store reached memory outside every tensor it was given."""
+
+
+def check_bounds() -> None:
+    """Patch the interpreter (once, in this process) so that every unmasked load and store must fall inside one of the
+    launch's tensor arguments, else OutOfBounds names the kernel and the address: on a GPU such an access reads
+    another allocation's memory or faults ("an illegal memory access"), which poisons the CUDA context of the
+    process; the interpreter would read or write the host's memory silently."""
+    from triton.runtime import interpreter as I
+
+    executor = I.GridExecutor
+    if getattr(executor, "BOUNDS_CHECKED", False):
+        return
+    state: dict = {"ranges": [], "kernel": ""}
+    original_init, original_call = executor._init_args_hst, executor.__call__
+
+    def _init_args_hst(self, args_dev, kwargs):
+        args_hst, kwargs_hst = original_init(self, args_dev, kwargs)
+        ranges = []
+        for arg in [*args_hst, *kwargs_hst.values()]:
+            if isinstance(arg, torch.Tensor) and arg.numel():
+                extent = sum((n - 1) * abs(st) for n, st in zip(arg.shape, arg.stride())) + 1
+                ranges.append((arg.data_ptr(), arg.data_ptr() + extent * arg.element_size()))
+        state["ranges"] = sorted(ranges)
+        return args_hst, kwargs_hst
+
+    def __call__(self, *args, **kwargs):
+        state["kernel"] = getattr(self.fn, "__name__", str(self.fn))
+        return original_call(self, *args, **kwargs)
+
+    def check(ptrs, mask, what):
+        addresses = np.asarray(ptrs.data, dtype=np.uint64)[np.asarray(mask.data, dtype=bool)]
+        if not addresses.size:
+            return
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for lo, hi in state["ranges"]:
+            inside |= (addresses >= lo) & (addresses + size <= hi)
+        if not inside.all():
+            bad = int(addresses[~inside][0])
+            near = min(state["ranges"], key=lambda r: min(abs(bad - r[0]), abs(bad - r[1])), default=None)
+            raise OutOfBounds(f"{state['kernel']}: a {what} of {(~inside).sum()} element(s) outside its tensors, first at "
+                              f"{bad:#x} (nearest tensor {near[0]:#x}..{near[1]:#x})" if near else f"{state['kernel']}: {what} outside")
+
+    builder = I.InterpreterBuilder
+    original_load, original_store = builder.create_masked_load, builder.create_masked_store
+
+    def create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+        check(ptrs, mask, "load")
+        return original_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
+
+    def create_masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+        check(ptrs, mask, "store")
+        return original_store(self, ptrs, value, mask, cache_modifier, eviction_policy)
+
+    executor._init_args_hst, executor.__call__ = _init_args_hst, __call__
+    builder.create_masked_load, builder.create_masked_store = create_masked_load, create_masked_store
+    executor.BOUNDS_CHECKED = True

@@ -119,3 +119,43 @@ def test_tuning_a_spec_of_two_families_touches_only_the_one_it_searched(monkeypa
     delta_scan = m.compiled.classification.scans[0]
     assert keys == [at.entry_key(at.device_name(torch.device("cpu")), tb.triton_delta.kernel_hash(*tb.triton_delta.template_config(delta_scan), "float32"),
                                  torch.float32, at.shape_bucket(1, 24, 2, 16, 16))]  # fmt: skip
+
+
+def test_a_fault_that_loses_the_gpu_context_stops_the_search(monkeypatch):
+    """After an illegal memory access every later launch of the process fails: the search stops at the candidate that
+    faulted (the fastest one found before it is already stored)."""
+    space = [at.default_config("scalar", 16, 16), at.Config(32, 16, 16, 4, 1), at.Config(32, 32, 16, 4, 1)]
+    monkeypatch.setattr(at, "candidates", lambda decay, K, V: space)
+    real = tb.run_chunk_scan
+
+    def faulting(*args):
+        if tb.CONFIG_OVERRIDE == space[1]:
+            raise RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")
+        return real(*args)
+
+    monkeypatch.setattr(tb, "run_chunk_scan", faulting)
+    trials, keys = at.tune(lamixer.load("simple_gla"), 1, 40, 2, 16, torch.float32, "cpu")
+    assert [t.config for t in trials] == space[:2]
+    assert trials[1].ms is None and "search stopped" in trials[1].note
+    assert at.lookup(keys[0]) == space[0]
+
+
+def test_shipped_configurations_key_on_current_kernels():
+    """Every entry in lamixer/configs names a kernel source some shipped spec renders now: an entry left behind by a
+    template change would never be found again."""
+    from importlib import resources
+
+    from lamixer.emit.kernels import chunk_configs
+
+    current = set()
+    for name in lamixer.shipped_specs():
+        for family, decay, read in chunk_configs(lamixer.load(name).compiled):
+            host = tb.triton_delta if family == tb.triton_delta.FAMILY else tb
+            current.add(host.kernel_hash(decay, read, "float32"))
+    shipped = [f for f in resources.files("lamixer").joinpath("configs").iterdir() if f.name.endswith(".json")]
+    assert shipped
+    for f in shipped:
+        data = json.loads(f.read_text())
+        assert data["version"] == at.CACHE_VERSION, f.name
+        for key in data["entries"]:
+            assert key.split("|")[1] in current, f"{f.name}: {key}"
