@@ -49,3 +49,37 @@ def test_bf16_kernels_under_emulation(spec, shape, gate):
     bad = {k: f"{v:.2e}" for k, v in res["errors"].items() if not v < 1e-2}
     assert not bad, bad
     assert res["errors"]["dg"] < 7e-3, res["errors"]
+
+
+BOUNDS = """
+import sys
+import torch
+import triton
+import triton.language as tl
+from lamixer import emulate
+
+emulate.check_bounds()
+
+
+@triton.jit
+def copy(x, y, n, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tl.store(y + o, tl.load(x + o, mask=o < n), mask=o < n)
+
+
+x, y = torch.arange(16.0)[:8], torch.zeros(1024)[512:520]  # x[8] is memory, but not x's; y lies far from it
+copy[(1,)](x, y, 8, N=16)  # masked to the tensors: fine
+assert torch.equal(x, y)
+try:
+    copy[(1,)](x, y, 9, N=16)  # one element past both
+except Exception as e:
+    print(type(e.__cause__ or e).__name__, e)
+    sys.exit(0)
+sys.exit(1)
+"""
+
+
+def test_an_access_outside_the_kernels_tensors_is_caught():
+    out = subprocess.run([sys.executable, "-c", BOUNDS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "OutOfBounds" in out.stdout and "copy: a load of 1 element(s) outside its tensors" in out.stdout
