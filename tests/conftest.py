@@ -3,6 +3,10 @@ import os
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("LAMIXER_CHECK_BOUNDS") == "1":  # every kernel access inside its tensors (lamixer.emulate.check_bounds)
+    from lamixer import emulate
+
+    emulate.check_bounds()
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE_SPECS = os.path.join(REPO, "examples", "specs")
