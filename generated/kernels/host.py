@@ -1,13 +1,12 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton.py: SEGMENT, _ACC, MAX_HEAD_DIM, _read_mode, _segments, FAMILY,
-STRIP_DECAYS, FLOAT32_DOTS, _strip_args, STRIP, diagonal_span, _chunks, _chunk_cumsum,
-_snapshot_dtype, PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward,
-_chunk_save, _chunk_grads, _chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op,
-run_chunk_scan, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, bf16_interpreted,
-_acc_precision, _launch, _segment_suffix_sums, _decay_grad, triton_cdiv, triton_scan; from
-lamixer/autotune.py: Config, _pow2, default_config.
+from lamixer/backends/triton.py: _ACC, MAX_HEAD_DIM, _read_mode, FAMILY, STRIP_DECAYS, FLOAT32_DOTS,
+_strip_args, STRIP, diagonal_span, _chunks, _chunk_cumsum, _snapshot_dtype, PRECISION,
+_chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save, _chunk_grads,
+_chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op, run_chunk_scan,
+state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, bf16_interpreted, _acc_precision,
+_launch, triton_cdiv, triton_scan; from lamixer/autotune.py: Config, _pow2, default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
 file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's
 cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -40,9 +39,6 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
     return default_config(decay, K, V)
 
 
-SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
-
-
 _ACC = {torch.float32: "float32", torch.float64: "float64"}  # state and accumulator precision
 
 
@@ -66,14 +62,6 @@ def launch_problems(device: torch.device) -> list[str]:
 
 def _read_mode(decayed: bool, written: bool) -> str:
     return "after" if written else ("mid" if decayed else "before")
-
-
-def _segments(cu: torch.Tensor | None, B: int, T: int) -> list[tuple[int, int, int]]:
-    """(batch row, start, end) of each sequence."""
-    if cu is None:
-        return [(b, 0, T) for b in range(B)]
-    offs = cu.tolist()
-    return [(0, s, e) for s, e in zip(offs[:-1], offs[1:])]
 
 
 FAMILY = "chunk_additive"  # the additive rule's template, every decay: none, scalar, along the key or the value dim
@@ -127,9 +115,9 @@ def _chunk_cumsum(mod, g: torch.Tensor, cu_seqlens, indices, NC: int, BT: int) -
 def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype, decay: str = "none") -> torch.dtype:
     """States kept per chunk for the parallel kernels: in the inputs' precision when it is a half type (their
     dots read them in it anyway), else in the accumulator's; always the accumulator's under a decay along the
-    value dim, whose d(log decay) is a difference of terms built from them (the template's header). (Under a
-    decay along the key dim float32 snapshots left gla's bf16 d(log decay) where it was, 2.08e-2 at the benchmark
-    shape on the H200: bench/results/NOTES.md.)"""
+    value dim, whose d(log decay) is a difference of terms built from them (the template's header). A decay along
+    the key dim needs no float32 ones: gla's bf16 d(log decay) error came from the backward strips' operands
+    (bench/results/NOTES.md)."""
     return x.dtype if x.dtype in (torch.bfloat16, torch.float16) and decay != "value" else acc
 
 
@@ -378,48 +366,6 @@ def _acc_precision(acc: torch.dtype, default: str = "tf32x3") -> str:
 
 def _launch(c: Config) -> dict:
     return dict(num_warps=c.num_warps, num_stages=c.num_stages)
-
-
-def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
-    """Suffix sums along time within each segment of SEGMENT tokens (segments restart at every sequence)."""
-    def within(y):  # y: [B, L, H, D]
-        B, L = y.shape[:2]
-        pad = (-L) % SEGMENT
-        y = torch.nn.functional.pad(y, (0, 0, 0, 0, 0, pad)).reshape(B, -1, SEGMENT, *y.shape[2:])
-        return y.flip(2).cumsum(2).flip(2).reshape(B, -1, *y.shape[3:])[:, :L]
-
-    if cu is None:
-        return within(x)
-    return torch.cat([within(x[:, s:e]) for _, s, e in _segments(cu, 1, x.shape[1])], 1)
-
-
-def _decay_grad(xq, xr, dgs, cu, read, out_dtype) -> torch.Tensor:
-    """d(log decay) of each token [B, T, H, D] in out_dtype (D = 1 for a scalar decay) from the gradient kernel's
-    terms xq = q * dq and xr = c * dc - a * da (float32, before dq, da, dc were rounded; c the erase key, which sees
-    the decay as a query after it does): within the token's segment of SEGMENT tokens, the suffix sum of xq (at the
-    read's position) + xr, plus the segment's whole-decay term sum dS_end * S_end over the undecayed dim (dgs
-    [N, NS, H, D]).
-
-    Summing only within segments keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
-    backward ops run this under torch.compile (runtime/fuse.py: function) for unpacked sequences.
-    """
-    B, T = xq.shape[:2]
-    pos = torch.arange(T, device=xq.device)
-    if cu is not None:
-        starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
-        pos = pos - starts
-    if read == "before":  # the read at i sees the decay through i - 1, of its own segment only
-        shifted = torch.cat([xq[:, 1:], torch.zeros_like(xq[:, :1])], 1)
-        keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=xq.device)])
-        xq = shifted * keep.view(1, T, 1, 1)
-    x = _segment_suffix_sums(xq + xr, cu)
-    seg = (pos // SEGMENT).view(1, T)
-    if cu is None:
-        x = x + dgs.gather(1, seg.expand(B, T).view(B, T, 1, 1).expand(B, T, *dgs.shape[2:]))
-    else:
-        seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=xq.device), cu[1:] - cu[:-1])
-        x = x + dgs[seq, seg[0]].unsqueeze(0)
-    return x.to(out_dtype)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -18,6 +18,7 @@ from . import triton as tb
 from .torch import ScanOperands
 
 FAMILY = "scan_delta"
+SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
 KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_grad_kernel")
 CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
 
@@ -144,13 +145,13 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     du = torch.empty(B, T, H, V, dtype=acc, device=a.device)
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, do, du, cu_seqlens, indices, T, **common)
     longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    NS = tb.triton_cdiv(longest, tb.SEGMENT)
+    NS = tb.triton_cdiv(longest, SEGMENT)
     dgs = torch.empty(NV, N, NS, H, K, dtype=acc, device=a.device) if decay != "none" else None
     dh = torch.empty_like(h)
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
         q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, offsets, T, NS, N * NS * H * K,
-        P=tb.SEGMENT, USE_DHT=True, **dict(common, BK=tb.state_key_block(K), num_stages=tb.state_stages(w.dtype, K)),
+        P=SEGMENT, USE_DHT=True, **dict(common, BK=tb.state_key_block(K), num_stages=tb.state_stages(w.dtype, K)),
     )  # fmt: skip
     dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
     NK = tb.triton_cdiv(K, shapes["BK"])
@@ -166,14 +167,50 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     return dq, da, db, dc, dg, dh0
 
 
-def _decay_grad(xq, xr, dgs, cu, read, decay, g_dtype):
-    """d(log decay) from the gradient kernel's terms and the reverse pass's segment ends (per value block), through
-    triton._decay_grad; a scalar decay's terms come summed per key block."""
+def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
+    """Suffix sums along time within each segment of SEGMENT tokens (segments restart at every sequence)."""
+    def within(y):  # y: [B, L, H, D]
+        B, L = y.shape[:2]
+        pad = (-L) % SEGMENT
+        y = torch.nn.functional.pad(y, (0, 0, 0, 0, 0, pad)).reshape(B, -1, SEGMENT, *y.shape[2:])
+        return y.flip(2).cumsum(2).flip(2).reshape(B, -1, *y.shape[3:])[:, :L]
+
+    if cu is None:
+        return within(x)
+    offsets = cu.tolist()
+    return torch.cat([within(x[:, s:e]) for s, e in zip(offsets[:-1], offsets[1:])], 1)
+
+
+def _decay_grad(xq, xr, dgs, cu, read, decay, out_dtype) -> torch.Tensor:
+    """d(log decay) of each token in out_dtype ([B, T, H] for a scalar decay, else [B, T, H, K]) from the gradient
+    kernel's terms xq = q * dq and xr = c * dc - a * da (float32, before dq, da, dc were rounded; c the erase key,
+    which sees the decay as a query after it does; a scalar decay's summed per key block, [NK, B, T, H]): within the
+    token's segment of SEGMENT tokens, the suffix sum of xq (at the read's position) + xr, plus the segment's
+    whole-decay term sum dS_end * S_end over the value dim (dgs [NV, N, NS, H, K], per value block).
+
+    Summing only within segments keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
+    backward op runs this under torch.compile (runtime/fuse.py: function) for unpacked sequences.
+    """
     dgs = dgs.sum(0)
-    if decay == "key":
-        return tb._decay_grad(xq, xr, dgs, cu, read, g_dtype)
-    xq, xr = xq.sum(0).unsqueeze(-1), xr.sum(0).unsqueeze(-1)
-    return tb._decay_grad(xq, xr, dgs.sum(-1, keepdim=True), cu, read, g_dtype)[..., 0]
+    if decay == "scalar":
+        xq, xr, dgs = xq.sum(0).unsqueeze(-1), xr.sum(0).unsqueeze(-1), dgs.sum(-1, keepdim=True)
+    B, T = xq.shape[:2]
+    pos = torch.arange(T, device=xq.device)
+    if cu is not None:
+        starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
+        pos = pos - starts
+    if read == "before":  # the read at i sees the decay through i - 1, of its own segment only
+        shifted = torch.cat([xq[:, 1:], torch.zeros_like(xq[:, :1])], 1)
+        keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=xq.device)])
+        xq = shifted * keep.view(1, T, 1, 1)
+    x = _segment_suffix_sums(xq + xr, cu)
+    seg = (pos // SEGMENT).view(1, T)
+    if cu is None:
+        x = x + dgs.gather(1, seg.expand(B, T).view(B, T, 1, 1).expand(B, T, *dgs.shape[2:]))
+    else:
+        seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=xq.device), cu[1:] - cu[:-1])
+        x = x + dgs[seq, seg[0]].unsqueeze(0)
+    return (x[..., 0] if decay == "scalar" else x).to(out_dtype)
 
 
 delta_scan_backward = torch.library.custom_op("lamixer::delta_scan_backward", _delta_backward, mutates_args=())

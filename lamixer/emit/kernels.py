@@ -93,13 +93,13 @@ _DEFAULT_DOC = "scan_config gives every call the default configuration (lamixer'
 HOSTS = (
     _Host(
         "host.py",
-        ((triton_backend, ("SEGMENT", "_ACC", "MAX_HEAD_DIM", "_read_mode", "_segments",
+        ((triton_backend, ("_ACC", "MAX_HEAD_DIM", "_read_mode",
                            "FAMILY", "STRIP_DECAYS", "FLOAT32_DOTS", "_strip_args",
                            "STRIP", "diagonal_span", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
                            "chunk_scan", "_chunk_backward_impl", "chunk_scan_backward", "_chunk_save", "_chunk_grads",
                            "_chunk_setup_context", "_EagerChunkScan", "launch_problems", "run_scan_op", "run_chunk_scan",
                            "state_key_block", "walk_key_blocks", "state_stages", "ACC_PRECISIONS", "bf16_interpreted", "_acc_precision", "_launch",
-                           "_segment_suffix_sums", "_decay_grad", "triton_cdiv", "triton_scan")),
+                           "triton_cdiv", "triton_scan")),
          (autotune, ("Config", "_pow2", "default_config"))),
         custom_ops=2,
         own_doc=f"kernels() imports the rendered modules beside this file; {_DEFAULT_DOC}; {_NAMESPACE_DOC}",
@@ -131,8 +131,8 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
     ),
     _Host(
         "host_delta.py",
-        ((triton_delta, ("FAMILY", "default_config", "_forward", "_delta_forward", "delta_scan", "_delta_backward", "delta_scan_backward",
-                         "_decay_grad", "_setup_context", "_grads", "_backward", "_EagerDeltaScan", "triton_delta_scan")),),
+        ((triton_delta, ("FAMILY", "SEGMENT", "default_config", "_forward", "_delta_forward", "delta_scan", "_delta_backward", "delta_scan_backward",
+                         "_segment_suffix_sums", "_decay_grad", "_setup_context", "_grads", "_backward", "_EagerDeltaScan", "triton_delta_scan")),),
         custom_ops=2,
         own_doc=f"tb is host.py, as lamixer's triton backend is to its delta rule; {_DEFAULT_DOC}; {_NAMESPACE_DOC}",
         own=f'''import torch
