@@ -24,13 +24,11 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from lamixer.backends import triton as triton_backend  # noqa: E402
 
-CONSTEXPRS = ("H", "K", "V", "BK", "BV", "USE_QS", "IS_VARLEN")
-
 
 def _arg_type(name: str) -> str:
-    if name in CONSTEXPRS:
+    if name != "T" and (name.isupper() or name.startswith(("NORM_", "USE_"))):  # H, K, .., NORM_Q0, USE_AT: the constexprs
         return "constexpr"
-    if name in ("g", "qs", "h0", "ht"):
+    if name in ("g", "qs", "h0", "ht", "af", "cf"):
         return "*fp32"
     if name == "cu_seqlens":
         return "*i64"
@@ -39,12 +37,16 @@ def _arg_type(name: str) -> str:
     return "*bf16"  # queries, a, b, c, o: bf16 inputs, as decoding calls it
 
 
-def compile_kernel(rule: str, decay: str, reads: str, K: int, BV: int, warps: int, arch: int = 90):
-    """The compiled kernel (Triton's CompiledKernel, its asm holding ptx and cubin) for bf16 inputs, H = 16, V = 256."""
+def compile_kernel(rule: str, decay: str, reads: str, K: int, BV: int, warps: int, arch: int = 90, finished: bool = False):
+    """The compiled kernel (Triton's CompiledKernel, its asm holding ptx and cubin) for bf16 inputs, H = 16, V = 256;
+    finished: with the key-side operands as Gated DeltaNet's decode step gives them (l2norm of every query, a and
+    c, a per-token scalar on a, a per-head factor on c)."""
     mod = triton_backend.kernels("recurrent", rule=rule, decay=decay, reads=reads, acc="float32")
     fn = getattr(mod, f"{mod.NAME}_kernel")
     names = fn.arg_names
-    values = dict(H=16, K=K, V=256, BK=K, BV=BV, USE_QS=True, IS_VARLEN=False)
+    flags = {n: finished and n in ("NORM_A", "NORM_C", "USE_AT", "USE_CF") or (finished and n.startswith("NORM_Q"))
+             for n in names if n.startswith(("NORM_", "USE_"))}  # fmt: skip
+    values = dict(flags, H=16, K=K, V=256, BK=K, BV=BV, USE_QS=True, IS_VARLEN=False)
     src = ASTSource(fn=fn, signature={n: _arg_type(n) for n in names}, constexprs={(names.index(k),): v for k, v in values.items()})
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps))
 

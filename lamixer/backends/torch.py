@@ -6,15 +6,32 @@ chunkwise scan (lamixer.runtime.scan), run as the classification says (never by 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..call import Call, remember
 from ..compiler import Compiled
 from ..passes.classify import Scan
 from ..runtime import ops
-from ..runtime.scan import ScanOperands, attention_dtype, block_attention, scan_group, stat, torch_scan
+from ..runtime.scan import KeyForm, ScanOperands, attention_dtype, block_attention, scan_group, stat, torch_scan
 
-__all__ = ["ScanOperands", "run", "torch_scan"]
+__all__ = ["Direct", "ScanOperands", "run", "torch_scan"]
+
+
+class Direct(NamedTuple):
+    """A scan operand the kernels read straight from the caller's input tensor and finish themselves:
+    (-1 if negate) * factor_h * token_t * (l2norm(input) if norm else input)."""
+
+    input: str
+    factor: int | None = None  # the node of a per-head constant, e.g. the read-out scale
+    negate: bool = False
+    norm: bool = False  # over the key dim
+    token: str | None = None  # a per-token scalar input, e.g. a delta rule's write strength
+
+    @property
+    def scaled(self) -> bool:
+        return self.factor is not None or self.negate
 
 
 LEAVES = ("input", "param", "const", "dim", "head", "scale")
@@ -25,7 +42,7 @@ class _Program:
     """What evaluating the plan needs beyond the call's tensors, worked out once per spec and set of direct
     operands: the nodes to evaluate in order, what each is, and the scan groups. Per-call work walks no graph."""
 
-    def __init__(self, compiled: Compiled, direct: dict[int, tuple[str, int | None]]):
+    def __init__(self, compiled: Compiled, direct: dict[int, Direct]):
         self.c, self.nodes, self.direct = compiled, compiled.plan.nodes, direct
         plan, nodes = compiled.plan, self.nodes
         needed = self._needed()
@@ -49,8 +66,8 @@ class _Program:
         # work per token outside the scans (what torch.compile could fuse); none when the scans read the inputs
         # directly and the output is a scan's read
         self.per_token_work = any(kind in ("op", "stat", "block_attention") for _, kind in self.steps)
-        # direct operands' per-head factors that are call constants, computed with the other constants
-        self.constant_factors = [f for _, f in direct.values() if f is not None and f in self.constant]
+        # direct operands whose per-head factor is a call constant (or a sign alone): computed with the constants
+        self.constant_factors = [n for n, d in direct.items() if d.scaled and (d.factor is None or d.factor in self.constant)]
         self.factors_key = tuple(self.constant_factors)
         self.groups = {s.state: [compiled.classification.scan(name) for name in next((g for g in plan.fusable if s.state in g), (s.state,))]
                        for s in compiled.classification.scans}  # fmt: skip
@@ -58,8 +75,8 @@ class _Program:
     def _scan_deps(self, s: Scan) -> list[int]:
         deps = []
         for n in s.inputs():
-            _, replacement = self.direct.get(n, (None, n))  # a direct operand needs only its factor
-            deps += [replacement] if replacement is not None else []
+            d = self.direct.get(n)  # a direct operand needs only its factor
+            deps += [n] if d is None else [d.factor] if d.factor is not None else []
         return deps
 
     def _needed(self) -> set[int]:
@@ -74,7 +91,7 @@ class _Program:
         return need
 
 
-def program(compiled: Compiled, direct: dict[int, tuple[str, int | None]] | None = None) -> _Program:
+def program(compiled: Compiled, direct: dict[int, Direct] | None = None) -> _Program:
     """The spec's evaluation program for these direct operands (made once, kept with the compiled spec)."""
     direct = direct or {}
     key = ("program", tuple(sorted(direct.items())))
@@ -89,13 +106,13 @@ class _Evaluator:
     batch-grouped statistics see the sequence boundaries.
     """
 
-    def __init__(self, compiled: Compiled, call: Call, scan_impl, direct: dict[int, tuple[str, int | None]] | None = None,
+    def __init__(self, compiled: Compiled, call: Call, scan_impl, direct: dict[int, Direct] | None = None,
                  prog: _Program | None = None):  # fmt: skip
         self.c, self.call = compiled, call
         self.prog = prog if prog is not None else program(compiled, direct)
         self.nodes = compiled.plan.nodes  # plain data: nothing below touches the graph library
         self.scan_impl = scan_impl
-        # scan operands the kernels read straight from the caller's tensors: node -> (input, per-head factor node)
+        # scan operands the kernels read straight from the caller's tensors: node -> Direct
         self.direct = self.prog.direct
         self.env: dict[int, torch.Tensor] = {}
         self.finals: dict[str, torch.Tensor] = {}
@@ -136,8 +153,9 @@ class _Evaluator:
             else:
                 args = d["args"]
                 values[n] = ops.apply(d, [values[a] for a in args], [self.nodes[a]["dims"] for a in args])
-        for f in prog.constant_factors:
-            values[("factor", f)] = self._factor(values[f])
+        for n in prog.constant_factors:
+            f = self.direct[n].factor
+            values[("factor", n)] = self._factor(values[f] if f is not None else None, self.direct[n].negate)
         return values if call.memo is None else remember(call.memo, key, values)
 
     def run(self) -> None:
@@ -177,20 +195,34 @@ class _Evaluator:
         return block_attention(self.full(q), self.full(k), self.full(v), self.env[scale], size, call.cu_seqlens, attention_dtype(call))
 
     def operand(self, n: int | None) -> torch.Tensor | None:
-        """A scan operand: a node's value, or a direct operand's input tensor (its factor left to the kernel)."""
+        """A scan operand: a node's value, or a direct operand's input tensor (its form left to the kernel)."""
         if n is None:
             return None
-        return self.call.inputs[self.direct[n][0]] if n in self.direct else self.env[n]
+        return self.call.inputs[self.direct[n].input] if n in self.direct else self.env[n]
 
     def factor(self, n: int) -> torch.Tensor | None:
-        """A direct operand's per-head factor as [H] (None when it has none)."""
-        if n not in self.direct or self.direct[n][1] is None:
+        """A direct operand's per-head factor, its sign included, as [H] (None when it has none)."""
+        d = self.direct.get(n)
+        if d is None or not d.scaled:
             return None
-        f = self.direct[n][1]
-        return self.consts[("factor", f)] if ("factor", f) in self.consts else self._factor(self.env[f])
+        found = self.consts.get(("factor", n))
+        return found if found is not None else self._factor(self.env[d.factor], d.negate)
 
-    def _factor(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(self.call.compute_dtype).reshape(-1).expand(self.call.heads).contiguous()
+    def _factor(self, x: torch.Tensor | None, negate: bool = False) -> torch.Tensor:
+        H, dt = self.call.heads, self.call.compute_dtype
+        x = torch.ones(H, dtype=dt, device=self.call.device) if x is None else x.to(dt).reshape(-1).expand(H)
+        return (-x if negate else x).contiguous()
+
+    def forms(self, scan: Scan) -> dict[str, KeyForm]:
+        """The KeyForms of a scan's direct key-side operands that the kernel finishes (ScanOperands.forms): only those
+        more than a plain input or a query's factor."""
+        out = {}
+        for name, n in (("a", scan.write_key), ("c", scan.erase_key), *((f"q{i}", r.query) for i, r in enumerate(scan.reads))):
+            d = self.direct.get(n)
+            if d is not None and (d.norm or d.token is not None or (name in ("a", "c") and d.scaled)):
+                token = self.call.inputs[d.token] if d.token is not None else None
+                out[name] = KeyForm(d.norm, token, self.factor(n) if name in ("a", "c") else None)
+        return out
 
     def scan(self, state: str) -> None:
         """Run the scan of `state`, together with the scans the plan found fusable with it: those share keys,
@@ -203,6 +235,7 @@ class _Evaluator:
             [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay),
             "value" if s.decay == "value" else "key", [(operand(r.query), r.decayed, r.written) for r in s.reads],
             [call.initial_state[t.state] for t in scans], call.cu_seqlens, self.c.plan.chunk[s.state], [self.factor(r.query) for r in s.reads],
+            self.forms(s),
         )  # fmt: skip
         for t, outs, final in zip(scans, reads, finals):
             for r, o in zip(t.reads, outs):

@@ -23,7 +23,7 @@ from ..call import Call, remember
 from ..compiler import Compiled
 from ..runtime import fuse
 from . import torch as torch_backend
-from .torch import ScanOperands
+from .torch import Direct, ScanOperands
 
 TEMPLATE_VERSION = 1
 _ACC = {torch.float32: "float32", torch.float64: "float64"}  # state and accumulator precision
@@ -492,9 +492,12 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
     return choose_config(FAMILY, decay, read, acc, dtype, B, T, H, K, V, device, default_config, kernel_hash)
 
 
-def direct_operands(compiled: Compiled, call: Call) -> dict[int, tuple[str, int | None]]:
-    """Scan operands the kernels can read straight from the caller's tensors, with no pass over them in torch:
-    an input itself, or (for a query) an input times a per-head constant such as the read-out scale."""
+def direct_operands(compiled: Compiled, call: Call, finished: bool = False) -> dict[int, Direct]:
+    """Scan operands the kernels can read straight from the caller's tensors, with no pass over them in torch: an
+    input itself, or (for a query) an input times a per-head constant such as the read-out scale. With `finished`
+    (the recurrent kernel's, which holds whole key rows) also a key-side operand (write key, erase key, query) of
+    the form +-factor_h * token_t * l2norm(input), any part optional (Direct): Gated DeltaNet's beta * l2norm(k),
+    -l2norm(k) and scale * l2norm(q), so a decode step runs no torch op before its kernel."""
     nodes = compiled.plan.nodes
     constant = ("const", "dim", "head", "scale")
 
@@ -509,19 +512,45 @@ def direct_operands(compiled: Compiled, call: Call) -> dict[int, tuple[str, int 
     def plain_input(n: int) -> str | None:
         return nodes[n]["name"] if nodes[n]["op"] == "input" else None
 
+    def form(n: int) -> Direct | None:
+        """n as a Direct of any form, or None."""
+        d = nodes[n]
+        if plain_input(n):
+            return Direct(plain_input(n))
+        if d["op"] == "normalize" and d["fn"] == "l2norm" and plain_input(d["args"][0]):
+            return Direct(plain_input(d["args"][0]), norm=True)
+        if d["op"] == "binary" and d["fn"] == "sub" and nodes[d["args"][0]]["op"] == "const" and nodes[d["args"][0]]["value"] == 0:
+            inner = form(d["args"][1])
+            return inner._replace(negate=not inner.negate) if inner is not None else None
+        if d["op"] == "binary" and d["fn"] == "mul":
+            for x, f in (d["args"], reversed(d["args"])):
+                inner = form(x)
+                if inner is None:
+                    continue
+                if inner.factor is None and per_head_constant(f):
+                    return inner._replace(factor=f)
+                if inner.token is None and plain_input(f) and not nodes[f]["dims"]:
+                    return inner._replace(token=plain_input(f))
+        return None
+
+    def key_side(n: int | None, query: bool) -> Direct | None:
+        found = form(n) if n is not None else None
+        if found is None or (query and found.token is not None):
+            return None
+        if finished:
+            return found
+        plain = not (found.norm or found.token is not None or found.negate)  # the chunk kernels take a query's factor only
+        return found if plain and (found.factor is None or query) else None
+
     direct = {}
     for s in compiled.classification.scans:
-        for n in (s.write_key, s.write_value, s.log_decay):
+        for n in (s.write_value, s.log_decay):
             if n is not None and plain_input(n):
-                direct[n] = (plain_input(n), None)
-        for r in s.reads:
-            d = nodes[r.query]
-            if plain_input(r.query):
-                direct[r.query] = (plain_input(r.query), None)
-            elif d["op"] == "binary" and d["fn"] == "mul":
-                x, f = d["args"] if plain_input(d["args"][0]) else reversed(d["args"])
-                if plain_input(x) and per_head_constant(f):
-                    direct[r.query] = (plain_input(x), f)
+                direct[n] = Direct(plain_input(n))
+        for n, query in ((s.write_key, False), *(((s.erase_key, False),) if finished else ()), *((r.query, True) for r in s.reads)):
+            found = key_side(n, query)
+            if found is not None:
+                direct[n] = found
     return direct
 
 
@@ -551,10 +580,11 @@ def _choices(compiled: Compiled, call: Call, interpreted: bool) -> tuple:
     dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
     if dtype == torch.bfloat16 and interpreted and not bf16_interpreted():
         dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits (lamixer.emulate)
-    direct = direct_operands(compiled, call)
     from . import recurrent  # inference on short sequences: the recurrent kernel (see its module)
 
-    scan_impl = functools.partial(recurrent.scan if recurrent.serves(compiled, call) else triton_scan, dtype=dtype)
+    serves = recurrent.serves(compiled, call)
+    direct = direct_operands(compiled, call, finished=serves)
+    scan_impl = functools.partial(recurrent.scan if serves else triton_scan, dtype=dtype)
     return scan_impl, direct, torch_backend.program(compiled, direct)
 
 
