@@ -13,7 +13,7 @@ import os
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -27,8 +27,8 @@ class Config:
     """A launch configuration. chunk_additive (the additive rule) uses BT, BV (value block of the chunk-parallel
     kernels), BW and BK (value block and key rows of a program of the two sequential state walks: BK < K splits
     the key dim over programs), num_warps (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its
-    gradient kernel (0: BV / num_warps); scan_delta (the delta rule) BT, BV, BK, num_warps, num_stages and
-    warps_grad for its gradient kernel."""
+    gradient kernel (0: BV / num_warps); scan_delta (the delta rule) the same but for BK, the key block of its
+    per-chunk kernels (its two sequential passes hold whole key rows)."""
 
     BT: int  # chunk length (divides the 64-token segment of scan_delta's d(log decay))
     BV: int
@@ -91,21 +91,18 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
             for BK in walk_keys:
                 for BW in walk_values:
                     for stages in (1,) if wide else (1, 2, 3):
-                        c = replace(out[0], BT=32 if wide else 64, BV=BV, BK=BK, num_warps=warps, num_stages=stages, BW=BW)
-                        if c not in out:
-                            out.append(c)
-    # the gradient kernel's own value block and warps (0: the chunk-parallel kernels'), changed one at a time
-    for BG in sorted({0, min(32, _pow2(V)), min(64, _pow2(V))}):
-        for warps_grad in (0, 4, 8):
-            c = replace(out[0], BG=BG, warps_grad=warps_grad)
-            if c not in out:
-                out.append(c)
+                        # the gradient kernel's own value block and warps (0: the chunk-parallel kernels')
+                        for BG in sorted({0, min(32, _pow2(V)), min(64, _pow2(V))}):
+                            for warps_grad in (0, 4, 8):
+                                c = Config(32 if wide else 64, BV, BK, warps, stages, BW, BG, warps_grad)
+                                if c not in out:
+                                    out.append(c)
     return nearest_first(out)
 
 
 def nearest_first(space: list[Config]) -> list[Config]:
-    """The default first, then the others by how many settings they change from it: a search cut short by a limit
-    tries every one-setting change before any combination."""
+    """The default first, then the others by how many settings they change from it (the order `tune` tries each
+    configuration's one-setting changes in)."""
     base = space[0].as_list()
     return space[:1] + sorted(space[1:], key=lambda c: sum(a != b for a, b in zip(c.as_list(), base)))
 
@@ -252,7 +249,12 @@ CONTEXT_FAULTS = ("illegal memory access", "unspecified launch failure", "misali
 
 
 def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: str, limit: int | None = None, on_trial=None) -> tuple[list[Trial], list[str]]:
-    """Try each candidate on random inputs: check it against the torch backend, then time it; store the fastest.
+    """Try candidates on random inputs: check each against the torch backend, then time it; store the fastest.
+
+    A coordinate descent: from the cached configuration (else the default) it tries the one-setting changes of the
+    fastest configuration so far, in the space's order, until none is left untried (a local optimum) or `limit`
+    trials are done; so the changes that pay combine (a first search tries the default's one-setting changes, then
+    those of whichever beat it).
 
     Returns the trials and the cache keys written. Timing uses triton.testing.do_bench on a GPU (the
     only meaningful place); under the CPU interpreter it uses wall time, for testing the machinery.
@@ -283,7 +285,11 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
             keys += [key] if key not in keys else []
     trials: list[Trial] = []
     best: Trial | None = None
-    for config in space[:limit]:
+    untried = list(space)
+    start = lookup(keys[0]) if keys else None  # a search goes on from where an earlier one ended
+    config = start if start in untried else untried[0]
+    while config is not None and (limit is None or len(trials) < limit):
+        untried.remove(config)
         tb.CONFIG_OVERRIDE, tb.OVERRIDE_FAMILY = config, tuned  # the spec's scans of other families keep their own
         try:
             got = forward_backward(mixer, tensors, states, "triton")
@@ -309,9 +315,18 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
                 store(key, best.config, {describe(x.config): x.ms for x in trials if x.ms is not None})
         if on_trial:
             on_trial(t)
+        # next: an untried one-setting change of the fastest so far (of the start before any is timed), in the
+        # space's order; none left is a local optimum
+        centre = best.config if best is not None else (start if start in space else space[0])
+        config = next((c for c in untried if _distance(c, centre) == 1), None)
     tb._chosen.clear()
     tb._traced.clear()
     return trials, keys if best is not None else []
+
+
+def _distance(a: Config, b: Config) -> int:
+    """How many settings two configurations differ in."""
+    return sum(x != y for x, y in zip(a.as_list(), b.as_list()))
 
 
 def _time(fn, device: str) -> float:

@@ -1,6 +1,7 @@
 """The autotuner's cache and search, exercised under the Triton interpreter (its timings mean nothing here)."""
 import json
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -70,8 +71,11 @@ def test_a_search_cut_short_tries_single_changes_from_the_default_first(family, 
 
 
 def test_tune_checks_times_and_stores_the_fastest(monkeypatch):
-    broken = at.Config(48, 16, 16, 4, 1)  # not a power of two: the kernel cannot be built
-    monkeypatch.setattr(at, "candidates", lambda decay, K, V: [at.default_config(decay, K, V), broken, at.Config(32, 16, 16, 4, 1)])
+    def space(decay, K, V):  # the default and two one-setting changes of it, the first with a chunk that is no power of two
+        default = at.default_config(decay, K, V)
+        return [default, replace(default, BT=48), replace(default, BT=32)]
+
+    monkeypatch.setattr(at, "candidates", space)
     m = lamixer.load("simple_gla")
     seen = []
     trials, keys = at.tune(m, 1, 40, 2, 16, torch.float32, "cpu", on_trial=seen.append)
@@ -81,6 +85,23 @@ def test_tune_checks_times_and_stores_the_fastest(monkeypatch):
     best = min((t for t in trials if t.ms is not None), key=lambda t: t.ms)
     assert len(keys) == 1 and at.lookup(keys[0]) == best.config
     assert tb.scan_config("scalar", "after", "float32", torch.float32, 1, 40, 2, 16, 16, torch.device("cpu")) == best.config
+
+
+def test_a_limited_search_combines_the_changes_that_pay(monkeypatch):
+    """Coordinate descent: after a one-setting change beats the default, the search tries that change's neighbours
+    before the default's other ones, so two changes that each pay are found together within a short limit; a second
+    search starts from the stored winner."""
+    def fake_time(fn, device):  # three stages and four gradient warps each save time; nothing else matters
+        c = tb.CONFIG_OVERRIDE
+        return 10.0 - 2 * (c.num_stages == 3) - (c.warps_grad == 4)
+
+    monkeypatch.setattr(at, "_time", fake_time)
+    m = lamixer.load("simple_gla")
+    trials, keys = at.tune(m, 1, 24, 2, 16, torch.float32, "cpu", limit=8)
+    best = at.lookup(keys[0])
+    assert len(trials) == 8 and (best.num_stages, best.warps_grad) == (3, 4) and min(t.ms for t in trials) == 7.0
+    again, _ = at.tune(m, 1, 24, 2, 16, torch.float32, "cpu", limit=1)
+    assert again[0].config == best
 
 
 def test_tune_refuses_specs_without_kernels():
@@ -124,7 +145,8 @@ def test_tuning_a_spec_of_two_families_touches_only_the_one_it_searched(monkeypa
 def test_a_fault_that_loses_the_gpu_context_stops_the_search(monkeypatch):
     """After an illegal memory access every later launch of the process fails: the search stops at the candidate that
     faulted (the fastest one found before it is already stored)."""
-    space = [at.default_config("scalar", 16, 16), at.Config(32, 16, 16, 4, 1), at.Config(32, 32, 16, 4, 1)]
+    default = at.default_config("scalar", 16, 16)
+    space = [default, replace(default, BT=32), replace(default, BV=32)]
     monkeypatch.setattr(at, "candidates", lambda decay, K, V: space)
     real = tb.run_chunk_scan
 
