@@ -14,7 +14,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from .check import random_call
+from .check import random_call, rel_rms
 from .mixer import Mixer
 
 H, D, BT_TOTAL = 16, 128, 32768
@@ -181,7 +181,8 @@ def graphed(fn):
 
 
 def decode_row(op: str, B: int, state_bytes: int, bandwidth: float, step, replay=None, wall=wall_us) -> dict:
-    """Timing of one decode step: us from Python (and graph_us replayed from a CUDA graph when given), with the
+    """Timing of one decode step: us from Python (and graph_us of `replay` when given: a CUDA graph's replay, for a
+    layer Layer.decoder's step, its input's copy included), with the
     state's bytes read and written per microsecond (state_GBps) and the ratio to moving the state once each way
     at the copy bandwidth (vs_floor)."""
     floor_us = 1e6 * 2 * state_bytes / bandwidth
@@ -231,15 +232,22 @@ def decode_rows(m: Mixer, bandwidth: float, have_fla: bool = False) -> list[dict
 
             def layer_row():
                 layer = Layer(m, H * D, H, backend="triton").to(device="cuda", dtype=torch.bfloat16)
-                x = torch.randn(B, H * D, device="cuda", dtype=torch.bfloat16)
+                xs = torch.randn(4, B, H * D, device="cuda", dtype=torch.bfloat16)
                 with torch.no_grad():
-                    _, state = layer.step(x)
+                    state = layer.initial_state(B, "cuda")
+                    dec = layer.decoder(B, state)  # Layer.decoder: the step captured in a CUDA graph
+                    worst = 0.0
+                    for x in xs:  # the decoder's steps against the plain ones, state carried by each
+                        y, state = layer.step(x, state)
+                        worst = max(worst, rel_rms(dec.step(x), y))
                     state_bytes = sum(s.numel() * s.element_size() for s in state.mixer)
 
                     def layer_step():
-                        return layer.step(x, state)
+                        return layer.step(xs[0], state)
 
-                    return decode_row(f"lamixer {m.name} layer step", B, state_bytes, bandwidth, layer_step, graphed(layer_step))
+                    row = decode_row(f"lamixer {m.name} layer step", B, state_bytes, bandwidth, layer_step, lambda: dec.step(xs[0]))
+                    row["graph_vs_step"] = float(f"{worst:.2e}")
+                    return row
 
             if m.compiled.graph.carries_state():
                 rows.append(_guarded(f"lamixer {m.name} layer step", B, layer_row))

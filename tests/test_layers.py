@@ -272,3 +272,16 @@ def test_torch_compile_fullgraph_over_a_decode_step():
     y, new = layer.step(x_t, state)
     y2, new2 = torch.compile(layer.step, fullgraph=True, backend="aot_eager")(x_t, state)
     assert torch.equal(y, y2) and all(torch.equal(a, b) for a, b in zip(new.mixer, new2.mixer))
+
+
+
+def test_a_graphed_decoder_needs_a_cuda_layer_and_names_bad_arguments():
+    """Layer.decoder captures the step in a CUDA graph (its steps are checked against Layer.step by `lamixer bench`
+    on a GPU); here, where no GPU is, it refuses a CPU layer, a batch that is no count, and a layer with no step."""
+    layer = make("gla", torch.float32)
+    with pytest.raises(lamixer.ArgumentError, match="layer.*CUDA"):
+        layer.decoder(2)
+    with pytest.raises(lamixer.ArgumentError, match="batch"):
+        layer.decoder(0)
+    with pytest.raises(lamixer.LamixerError, match="whole sequences"):
+        make("lln", torch.float32).decoder(1)
