@@ -1,9 +1,9 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton_delta.py: FAMILY, SEGMENT, default_config, _forward, _delta_forward,
-delta_scan, _delta_backward, delta_scan_backward, _segment_suffix_sums, _decay_grad, _setup_context,
-_grads, _backward, _EagerDeltaScan, triton_delta_scan.
+from lamixer/backends/triton_delta.py: FAMILY, SEGMENT, SOLVE_HALF, default_config, _forward,
+_delta_forward, delta_scan, _delta_backward, delta_scan_backward, _segment_suffix_sums, _decay_grad,
+_setup_context, _grads, _backward, _EagerDeltaScan, triton_delta_scan.
 What comes before the copies is this file's own: tb is host.py, as lamixer's triton backend is to
 its delta rule; scan_config gives every call the default configuration (lamixer's tuned ones live in
 lamixer's cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -31,17 +31,23 @@ FAMILY = "scan_delta"
 SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
 
 
+SOLVE_HALF = "tf32"
+
+
 def default_config(decay: str, K: int, V: int) -> Config:
-    """64-token chunks, 64-wide value and key blocks, 4 warps (as measured on the H200, B = 4, T = 8192, H = 16,
-    K = V = 128, bf16): fewer register spills (32-token chunks, 8 warps, 16- or 32-wide value blocks, the least
-    spilling by ptxas) were slower there: gated_deltanet 13.2 / 47.3 ms against 6.1 / 28.7 forward / +backward,
-    the output kernel recomputing its scores once per value block. A per-key decay holds [BT, BT, BK] weights:
-    16-token chunks. BK is the key block of the per-chunk kernels; the sequential passes hold the whole state (in
-    blocks of tb.state_key_block rows), so wider keys take narrower value blocks."""
-    BV = min(64 if K <= 128 else 32, _pow2(V))
+    """64-token chunks, 64-wide key blocks, 4 warps (as measured on the H200, B = 4, T = 8192, H = 16, K = V = 128,
+    bf16): fewer register spills (32-token chunks, 8 warps, 16- or 32-wide value blocks, the least spilling by
+    ptxas) were slower there: gated_deltanet 13.2 / 47.3 ms against 6.1 / 28.7 forward / +backward. The value
+    blocks, as chunk_additive's: BV of the per-chunk kernels (prepare, output, dv), whole value rows, so that the
+    output kernel builds its scores once, not once per block (the additive output kernel: 305 -> 269 us at 128);
+    BW of the two sequential passes, which hold the state (wider keys take narrower blocks); BG of the gradient
+    kernel, which holds the most. A per-key decay holds [BT, BT, BK] weights: 16-token chunks. BK is the key
+    block of the per-chunk kernels; the sequential passes hold the whole state (in blocks of tb.state_key_block
+    rows)."""
+    BW = min(64 if K <= 128 else 32, _pow2(V))
     if decay == "key":
-        return Config(16, BV, min(64, _pow2(K)), 8, 1)
-    return Config(64, BV, min(64, _pow2(K)), 4, 1, warps_grad=8)
+        return Config(16, BW, min(64, _pow2(K)), 8, 1, BW=BW, BG=BW)
+    return Config(64, min(128, _pow2(V)), min(64, _pow2(K)), 4, 1, BW=BW, BG=BW, warps_grad=8)
 
 
 def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str, tm: torch.Tensor | None = None):
@@ -51,7 +57,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
-    BT, BV = c_cfg.BT, min(c_cfg.BV, _pow2(V))
+    BT, BV, BW = c_cfg.BT, min(c_cfg.BV, _pow2(V)), min(c_cfg.BW, _pow2(V))
     BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the state pass: tb.state_key_block)
     acc = h0.dtype
     varlen = cu is not None
@@ -65,14 +71,15 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     u = torch.empty(B, T, H, V, dtype=work, device=a.device)
     shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **tb._launch(c_cfg))
     getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
-        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, SOLVE=solve, PRECISION="ieee", ACC_PRECISION=acc_precision, **shapes,
+        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, SOLVE=solve, PRECISION="ieee", ACC_PRECISION=acc_precision,
+        SOLVE_PRECISION=acc_precision if work == acc else tb._acc_precision(acc, SOLVE_HALF), **shapes,
     )  # fmt: skip
     h = torch.empty(chunks, H, K, V, dtype=work, device=a.device)
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
-    getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BV), N * H)](
+    getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BW), N * H)](
         a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=tb.state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
-        **dict(shapes, num_stages=tb.state_stages(work, K)),
+        **dict(shapes, BV=BW, num_stages=tb.state_stages(work, K)),
     )  # fmt: skip
     return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
@@ -117,7 +124,8 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    NV = tb.triton_cdiv(V, shapes["BV"])
+    BW, BG = min(cfg.BW, _pow2(V)), min(cfg.BG or cfg.BV, _pow2(V))  # the reverse pass's and the gradient kernel's value blocks
+    NV = tb.triton_cdiv(V, BW)
     do, dht = do.contiguous(), dht.contiguous()
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
     du = torch.empty(B, T, H, V, dtype=acc, device=a.device)
@@ -129,7 +137,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
         q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, offsets, T, NS, N * NS * H * K,
-        P=SEGMENT, USE_DHT=True, **dict(common, BK=tb.state_key_block(K), num_stages=tb.state_stages(w.dtype, K)),
+        P=SEGMENT, USE_DHT=True, **dict(common, BV=BW, BK=tb.state_key_block(K), num_stages=tb.state_stages(w.dtype, K)),
     )  # fmt: skip
     dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
     NK = tb.triton_cdiv(K, shapes["BK"])
@@ -137,7 +145,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     xq, xr = (torch.empty(x_shape, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
         q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, cu_seqlens, indices, T, B * T * H,
-        **dict(common, num_warps=cfg.warps_grad or cfg.num_warps),
+        **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps),
     )  # fmt: skip
     if g is None:
         return dq, da, db, dc, q.new_empty(0), dh0

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from ..runtime.scan import ScanOperands
+from ..runtime.scan import KeyForm, ScanOperands
 from .host import _pow2
 
 NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
@@ -75,8 +75,12 @@ def _kernel(rule: str, decay: str, reads: str, acc: torch.dtype, K: int, V: int,
 
 def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
            g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
-           out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Run the kernel: o [R, B, T, H, V] in out_dtype (one slab per read) and the final state [N, H, K, V] in h0's dtype."""
+           out_dtype: torch.dtype, norms: list[bool] | None = None, at: torch.Tensor | None = None, ct: torch.Tensor | None = None,
+           af: torch.Tensor | None = None, cf: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Run the kernel: o [R, B, T, H, V] in out_dtype (one slab per read) and the final state [N, H, K, V] in h0's dtype.
+
+    The key-side operands' forms (runtime.scan.KeyForm): norms, whether to l2-normalise each query, then a and c; at,
+    ct per-token scalars [B, T, H] and af, cf per-head factors [H] of a and c (None: none)."""
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -85,10 +89,14 @@ def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor
     o = torch.empty(len(queries), B, T, H, V, dtype=out_dtype, device=device)
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=device)
     strides = [s for x in (*queries, a, b, c, g) for s in _strides(x)]
+    norms = norms or [False] * (len(queries) + 2)
+    tokens = [s for x in (at, ct) for s in (x.expand(B, T, H).stride() if x is not None else (0, 0, 0))]
     kernel[(-(-V // BV), N * H)](
         *queries, qs, a, b, c, g, h0, o, ht, cu_seqlens, T, B * T * H * V, *strides,
+        *(x if x is not None else h0 for x in (at, ct, af, cf)), *tokens,  # h0: a pointer never read
         H=H, K=K, V=V, BK=BK, BV=BV, USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None,
-        num_warps=warps,
+        **{f"NORM_Q{i}": n for i, n in enumerate(norms[:-2])}, NORM_A=norms[-2], NORM_C=norms[-1],
+        USE_AT=at is not None, USE_CT=ct is not None, USE_AF=af is not None, USE_CF=cf is not None, num_warps=warps,
     )  # fmt: skip
     return o, ht
 
@@ -96,17 +104,19 @@ def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor
 @torch.library.custom_op(f"{NAMESPACE}::recurrent_scan", mutates_args=())
 def recurrent_scan(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
                    g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
-                   out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                   out_dtype: torch.dtype, norms: list[bool] | None = None, at: torch.Tensor | None = None, ct: torch.Tensor | None = None,
+                   af: torch.Tensor | None = None, cf: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """S <- D_t S;  S <- S + a_t (b_t + S^T c_t)^T;  o_t = (qs q_t)^T S at each read's position, token by token.
 
     queries: one [B, T, H, K] per read (positions `reads`, joined by "_"); qs: per-head query factors [R, H] or None;
     a, c: [B, T, H, K]; b: [B, T, H, V]; g: [B, T, H, 1] (scalar), [.., K] (key) or [.., V] (value), each in any
-    dtype and with any strides (broadcast operands need no copy). Forward only: the chunk kernels serve autograd."""
-    return launch(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype)
+    dtype and with any strides (broadcast operands need no copy); the key-side operands' forms as `launch` takes
+    them. Forward only: the chunk kernels serve autograd."""
+    return launch(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, norms, at, ct, af, cf)
 
 
 @recurrent_scan.register_fake
-def _(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype):
+def _(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, norms=None, at=None, ct=None, af=None, cf=None):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return b.new_empty(len(queries), B, T, H, b.shape[-1], dtype=out_dtype), h0.new_empty(N, H, K, b.shape[-1])
@@ -131,6 +141,12 @@ def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], tor
     h0 = (ops.h0 if ops.h0.dtype == acc else ops.h0.to(acc)).contiguous()
     rule = "additive" if ops.c is None else "delta"
     args = (queries, qs, ops.a, ops.b, ops.c, ops.g, h0, ops.cu_seqlens, rule, decay, reads, dtype)
+    if ops.forms:  # key-side operands the kernel finishes (runtime.scan.KeyForm)
+        none = KeyForm()
+        fa, fc = ops.forms.get("a", none), ops.forms.get("c", none)
+        norms = [ops.forms.get(f"q{i}", none).norm for i in range(len(queries))] + [fa.norm, fc.norm]
+        factors = [None if f.factor is None else (f.factor if f.factor.dtype == acc else f.factor.to(acc)).contiguous() for f in (fa, fc)]
+        args += (norms, fa.token, fc.token, *factors)
     # eager calls skip the custom op's dispatch (it serves torch.compile's tracing, which sees the op)
     o, ht = recurrent_scan(*args) if torch.compiler.is_compiling() else launch(*args)
     return ([o[0]] if len(queries) == 1 else list(o.unbind(0))), ht

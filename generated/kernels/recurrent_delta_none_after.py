@@ -3,13 +3,16 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["T", "o_stride_r", "sq0_b", "sa_b", "sb_b", "sc_b", "sg_b"])
+
+@triton.jit(do_not_specialize=["T", "o_stride_r", "sq0_b", "sa_b", "sb_b", "sc_b", "sg_b", "sat_b", "sct_b"])
 def recurrent_delta_none_after_float32_kernel(
     q0, qs, a, b, c, g, h0, o, ht, cu_seqlens, T, o_stride_r,
     sq0_b, sq0_t, sq0_h, sq0_d,
     sa_b, sa_t, sa_h, sa_d, sb_b, sb_t, sb_h, sb_d, sc_b, sc_t, sc_h, sc_d, sg_b, sg_t, sg_h, sg_d,
+    at, ct, af, cf, sat_b, sat_t, sat_h, sct_b, sct_t, sct_h,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, NORM_Q0: tl.constexpr,
+    NORM_A: tl.constexpr, NORM_C: tl.constexpr, USE_AT: tl.constexpr, USE_CT: tl.constexpr, USE_AF: tl.constexpr, USE_CF: tl.constexpr,
 ):
     """One program per (value block, sequence x head): the state block walks the sequence's tokens.
 
@@ -32,19 +35,35 @@ def recurrent_delta_none_after_float32_kernel(
     i_h64, o_k64, o_v64 = i_h.to(tl.int64), o_k.to(tl.int64), o_v.to(tl.int64)
     p_q0 = q0 + i_b * sq0_b + i_h64 * sq0_h + o_k64 * sq0_d
     p_a = a + i_b * sa_b + i_h64 * sa_h + o_k64 * sa_d
+    p_at = at + i_b * sat_b + i_h64 * sat_h
     p_b = b + i_b * sb_b + i_h64 * sb_h + o_v64 * sb_d
     p_c = c + i_b * sc_b + i_h64 * sc_h + o_k64 * sc_d
+    p_ct = ct + i_b * sct_b + i_h64 * sct_h
     p_o = o + (i_b * T * H + i_h64) * V + o_v
     p_hkv = i_nh.to(tl.int64) * K * V + o_k[:, None] * V + o_v[None, :]
     m_kv = m_k[:, None] & m_v[None, :]
     b_h = tl.load(h0 + p_hkv, mask=m_kv, other=0.).to(tl.float32)  # the state S[:, value block]
     for t in range(bos, eos):
         b_a = tl.load(p_a + t * sa_t, mask=m_k, other=0.).to(tl.float32)  # [BK]
+        if NORM_A:
+            b_a = b_a / tl.maximum(tl.sqrt(tl.sum(b_a * b_a, axis=0)), 1e-12)
+        if USE_AT:
+            b_a = b_a * tl.load(p_at + t * sat_t).to(tl.float32)
+        if USE_AF:
+            b_a = b_a * tl.load(af + i_h).to(tl.float32)
         b_u = tl.load(p_b + t * sb_t, mask=m_v, other=0.).to(tl.float32)  # [BV]
         b_c = tl.load(p_c + t * sc_t, mask=m_k, other=0.).to(tl.float32)  # [BK]
+        if NORM_C:
+            b_c = b_c / tl.maximum(tl.sqrt(tl.sum(b_c * b_c, axis=0)), 1e-12)
+        if USE_CT:
+            b_c = b_c * tl.load(p_ct + t * sct_t).to(tl.float32)
+        if USE_CF:
+            b_c = b_c * tl.load(cf + i_h).to(tl.float32)
         b_u += tl.sum(b_h * b_c[:, None], axis=0)  # the write value b + S'^T c reads the decayed state
         b_h += b_a[:, None] * b_u[None, :]
         b_q = tl.load(p_q0 + t * sq0_t, mask=m_k, other=0.).to(tl.float32)  # [BK]
+        if NORM_Q0:
+            b_q = b_q / tl.maximum(tl.sqrt(tl.sum(b_q * b_q, axis=0)), 1e-12)
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale)
             b_q = b_q * tl.load(qs + i_h).to(tl.float32)
         b_o = tl.sum(b_q[:, None] * b_h, axis=0)  # [BV]

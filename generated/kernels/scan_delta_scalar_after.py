@@ -9,6 +9,7 @@ def scan_delta_scalar_after_float32_prepare_kernel(
     a, c, b, g, tm, w, u0, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SOLVE: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT] (SOLVE; else read from tm, as the forward left it),
     W = T (c e^B) into w [B, T, H, K], U0 = T b into u0 [B, T, H, V].
@@ -48,7 +49,9 @@ def scan_delta_scalar_after_float32_prepare_kernel(
         # blocks at once as a [BT / 16, 16, 16] tile: row r of each is T_r = e_r + sum_{j < r} M_rj T_j, the rows of M
         # read back from tm (this program's own rows; the loop is unrolled, so the loads need not wait for the sums).
         # With N = M off the blocks, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly block-lower, so X^4 = 0
-        # for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X).
+        # for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X). Those products run at SOLVE_PRECISION: tf32 where every
+        # use of T rounds it to the inputs' half type (`mm` under `lowp`), whose rounding is four times tf32's; else
+        # ACC_PRECISION.
         m_d = (o_t // 16)[:, None] == (o_t // 16)[None, :]
         tl.store(p_tm, tl.where(m_d, b_M, 0.).to(tm.dtype.element_ty), mask=m_t[:, None])
         tl.debug_barrier()
@@ -65,11 +68,11 @@ def scan_delta_scalar_after_float32_prepare_kernel(
         tl.debug_barrier()
         b_T = tl.load(p_tm, mask=m_t[:, None] & m_d, other=0.)  # D^-1 [BT, BT]
         if BT > 16:
-            b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=ACC_PRECISION)
-            b_T += tl.dot(b_X, b_T, input_precision=ACC_PRECISION)
+            b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=SOLVE_PRECISION)
+            b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
             if BT > 32:
-                b_X = tl.dot(b_X, b_X, input_precision=ACC_PRECISION)
-                b_T += tl.dot(b_X, b_T, input_precision=ACC_PRECISION)
+                b_X = tl.dot(b_X, b_X, input_precision=SOLVE_PRECISION)
+                b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
         tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
     else:
         b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]

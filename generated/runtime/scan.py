@@ -17,7 +17,7 @@ the functions here are the ones that see their boundaries.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -150,6 +150,16 @@ def _block_attention(q, k, v, size: int) -> torch.Tensor:
     return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
 
 
+@dataclass(frozen=True)
+class KeyForm:
+    """What a kernel does to a key-side operand it reads from the caller's input x before using it (the recurrent
+    kernel's, which holds whole key rows): factor_h * token_t * (l2norm(x) if norm else x)."""
+
+    norm: bool = False  # x / max(||x||, 1e-12) over the key dim
+    token: torch.Tensor | None = None  # a per-token scalar [B, T, H] (any strides)
+    factor: torch.Tensor | None = None  # a per-head factor [H]
+
+
 @dataclass
 class ScanOperands:
     """One state's scan, every per-token operand as [B, T, H, D] (D = 1 for a scalar)."""
@@ -164,6 +174,9 @@ class ScanOperands:
     h0: torch.Tensor  # [N, H, K, V]
     cu_seqlens: torch.Tensor | None
     chunk: int
+    # KeyForms of a ("a"), c ("c") and the queries ("q0", ..: norm only; their factors are query_factors), when the
+    # scan's implementation finishes them (the recurrent kernel's; no others are given any)
+    forms: dict[str, KeyForm] = field(default_factory=dict)
 
 
 def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -202,7 +215,7 @@ def _operand(x, B: int, T: int, H: int, width: int | None = None):
     return x.expand(B, T, H, shape[3] if width is None else width)
 
 
-def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_seqlens, chunk, query_factors=None):
+def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_seqlens, chunk, query_factors=None, forms=None):
     """Run one state's scan, or one scan for several states that share key, decay and queries (their values side by side).
 
     shape is (B, T, H); every operand has three leading axes that broadcast to it, then its dims (none for a scalar,
@@ -210,7 +223,7 @@ def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_s
     with b = 1); log_decay [.., 1 or K] on the key side, [.., V] on the value side, or None; reads
     [(query [.., K], decayed, written)]; h0 the initial states, [N, H, K, V] (or [N, H, K] for a vector state).
     `scan` runs the ScanOperands (torch_scan, or generated kernels); query_factors are per-head factors [H] it
-    applies to the queries (None: none). Returns each state's read outputs ([B, T, H, V], or [B, T, H]) and final
+    applies to the queries (None: none), forms the KeyForms it applies (ScanOperands.forms). Returns each state's read outputs ([B, T, H, V], or [B, T, H]) and final
     states ([N, H, K, V], or [N, H, K]).
     """
     B, T, H = shape
@@ -225,7 +238,7 @@ def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_s
     operands = ScanOperands(
         a, b, _operand(erase, B, T, H, K), _operand(log_decay, B, T, H), side,
         [(_operand(q, B, T, H, K), decayed, written) for q, decayed, written in reads],
-        query_factors or [None] * len(reads), h, cu_seqlens, chunk,
+        query_factors or [None] * len(reads), h, cu_seqlens, chunk, forms or {},
     )  # fmt: skip
     outs, S = scan(operands)
     if len(values) == 1:  # the common case, without slicing
