@@ -23,6 +23,10 @@ KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "
 CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
 # the solve's float32 products when every use of T rounds it to the inputs' half type (templates/scan_delta.py.jinja)
 SOLVE_HALF = "tf32"
+# the output kernel's narrowest value block: at 16 its bf16 dot q S0 ([BT, BK] x [BK, 16]) addressed shared memory out
+# of range on the H200 with Triton 3.6 (compute-sanitizer memcheck, gated_deltanet B = 4, T = 8192; an illegal memory
+# access without it), where the interpreter's bounds check finds every access inside its tensors: a compiler fault
+OUTPUT_BLOCK = 32
 
 
 def template_config(scan) -> tuple[str, str]:
@@ -54,11 +58,11 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
     """The autotuner's search space, default first: chunk length, the three value blocks, the per-chunk kernels' key
     block, warps and pipeline stages."""
     out = [default_config(decay, K, V)]
-    widths = sorted({min(b, _pow2(V)) for b in (16, 32, 64, 128)})
+    widths = sorted({min(b, _pow2(V)) for b in (32, 64, 128)})  # none 16 wide: see OUTPUT_BLOCK
     for BT in ((16, 32) if decay == "key" else (32, 64)):
         for BV in widths:
-            for BW in widths[:3]:  # the sequential passes hold the state: at most 64 wide
-                for BG in widths[:3]:
+            for BW in widths[:2]:  # the sequential passes hold the state: at most 64 wide
+                for BG in widths[:2]:
                     for BK in sorted({min(b, _pow2(K)) for b in (32, 64)}):
                         for warps in (4, 8):
                             for stages in (1, 2):
@@ -121,8 +125,9 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
-    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, shapes["BV"]), *grid_chunks)](
-        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **shapes,
+    BV = max(OUTPUT_BLOCK, shapes["BV"])
+    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, BV), *grid_chunks)](
+        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **dict(shapes, BV=BV),
     )  # fmt: skip
     return o, ht, tm
 
