@@ -1,9 +1,9 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton_delta.py: FAMILY, SEGMENT, SOLVE_HALF, default_config, _forward,
-_delta_forward, delta_scan, _delta_backward, delta_scan_backward, _segment_suffix_sums, _decay_grad,
-_setup_context, _grads, _backward, _EagerDeltaScan, triton_delta_scan.
+from lamixer/backends/triton_delta.py: FAMILY, SEGMENT, SOLVE_HALF, OUTPUT_BLOCK, default_config,
+_forward, _delta_forward, delta_scan, _delta_backward, delta_scan_backward, _segment_suffix_sums,
+_decay_grad, _setup_context, _grads, _backward, _EagerDeltaScan, triton_delta_scan.
 What comes before the copies is this file's own: tb is host.py, as lamixer's triton backend is to
 its delta rule; scan_config gives every call the default configuration (lamixer's tuned ones live in
 lamixer's cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -32,6 +32,9 @@ SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multipl
 
 
 SOLVE_HALF = "tf32"
+
+
+OUTPUT_BLOCK = 32
 
 
 def default_config(decay: str, K: int, V: int) -> Config:
@@ -96,8 +99,9 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
-    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, shapes["BV"]), *grid_chunks)](
-        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **shapes,
+    BV = max(OUTPUT_BLOCK, shapes["BV"])
+    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, BV), *grid_chunks)](
+        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **dict(shapes, BV=BV),
     )  # fmt: skip
     return o, ht, tm
 

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from ..runtime.scan import KeyForm, ScanOperands
+from ..runtime.scan import STATES_IN_PLACE, KeyForm, ScanOperands
 from .host import _pow2
 
 NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
@@ -87,7 +87,8 @@ def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor
     device = b.device
     kernel, BK, BV, warps = _kernel(rule, decay, reads, h0.dtype, K, V, N * H, device)
     o = torch.empty(len(queries), B, T, H, V, dtype=out_dtype, device=device)
-    ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=device)
+    in_place = STATES_IN_PLACE.get() and not torch.compiler.is_compiling()  # the custom op mutates nothing
+    ht = h0 if in_place else torch.empty(N, H, K, V, dtype=h0.dtype, device=device)
     strides = [s for x in (*queries, a, b, c, g) for s in _strides(x)]
     norms = norms or [False] * (len(queries) + 2)
     tokens = [s for x in (at, ct) for s in (x.expand(B, T, H).stride() if x is not None else (0, 0, 0))]

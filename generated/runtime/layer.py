@@ -27,6 +27,7 @@ from torch import nn
 from . import ops
 from .call import check_cu_seqlens
 from .errors import ArgumentError, LamixerError
+from .scan import STATES_IN_PLACE
 
 NORM_EPS = 1e-5
 SHIFT = "@shift"  # the token shift's cache in LayerState.conv (no input can be named so)
@@ -319,7 +320,8 @@ class GraphedDecoder:
         y_t = dec.step(x_t)               # x_t [batch, hidden] -> y_t [batch, hidden]
 
     A step copies x_t in and replays the captured kernels: no Python op, no argument binding, no kernel launch
-    from the host but the graph's. y_t is the graph's output tensor, overwritten by the next step (clone it to
+    from the host but the graph's. The mixer's recurrent kernel writes its states over the graph's own
+    (runtime.scan.STATES_IN_PLACE), so a step moves the state once, as a plain step does. y_t is the graph's output tensor, overwritten by the next step (clone it to
     keep it); `state` is the carried LayerState (its tensors too are updated in place), `reset` starts over.
     The layer's parameters are read by the replay as they are then: change them in place, not by reassigning."""
 
@@ -345,10 +347,15 @@ class GraphedDecoder:
                     layer.step(self.x, self.state)
             torch.cuda.current_stream(p.device).wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.y, new = layer.step(self.x, self.state)
-                for mine, theirs in zip(_tensors(self.state), _tensors(new)):
-                    mine.copy_(theirs)
+            token = STATES_IN_PLACE.set(True)  # the mixer's recurrent kernel updates self.state's tensors itself
+            try:
+                with torch.cuda.graph(self.graph):
+                    self.y, new = layer.step(self.x, self.state)
+                    for mine, theirs in zip(_tensors(self.state), _tensors(new)):
+                        if mine.data_ptr() != theirs.data_ptr():  # the rest (conv caches, position, fused states)
+                            mine.copy_(theirs)
+            finally:
+                STATES_IN_PLACE.reset(token)
 
     def reset(self, state: LayerState | None = None) -> None:
         """Start over from `state` (zeros when None) for the next step."""

@@ -16,6 +16,7 @@ the functions here are the ones that see their boundaries.
 """
 from __future__ import annotations
 
+import contextvars
 import math
 from dataclasses import dataclass, field
 
@@ -148,6 +149,12 @@ def _block_attention(q, k, v, size: int) -> torch.Tensor:
 
     out = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), is_causal=True, scale=1.0)  # [B * nb, H, size, Dv]
     return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
+
+
+# True where a scan may write each final state over its initial state (the recurrent kernel, when that is the
+# caller's own tensor, float32 and contiguous, the state is updated in place): Layer.decoder's CUDA graph holds its state
+# so, with no copy back per step. Each program of the kernel reads its block of the state before it writes it.
+STATES_IN_PLACE = contextvars.ContextVar("lamixer_states_in_place", default=False)
 
 
 @dataclass(frozen=True)
