@@ -106,8 +106,8 @@ for config in sys.argv[1:]:
 def test_narrow_delta_blocks_stay_inside_their_tensors():
     """The configurations that raised an illegal memory access on the H200 (16- and 32-wide value blocks, 32-row key
     blocks; bench/results/NOTES.md) read and write only their tensors here, and compute the right values: the fault
-    was the compiler's (compute-sanitizer: the output kernel's 16-wide bf16 dot addressed shared memory out of range;
-    triton_delta.OUTPUT_BLOCK)."""
+    was the compiled code's (compute-sanitizer: the output kernel's 16-wide bf16 dot addressed shared memory out of
+    range; triton_delta.CHUNK_BLOCK)."""
     configs = ["64,16,64,4,1,16,16,8", "64,32,64,4,1,32,32,8", "64,64,32,4,1,32,0,8", "32,128,32,8,2,16,32,4"]
     out = subprocess.run([sys.executable, "-c", NARROW, *configs], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]

@@ -75,7 +75,7 @@ def test_any_read_position_and_distinct_write_and_erase_keys(read, decay):
 @pytest.mark.parametrize("BT,name", [(16, "gated_deltanet"), (32, "gated_deltanet"), (32, DELTA[2])], ids=["16-scalar", "32-scalar", "32-key"])
 def test_chunk_lengths_and_key_and_value_blocks(BT, name, monkeypatch):
     """Chunks of one and two 16-token solve blocks (the defaults: 64 for a scalar decay, 16 per key); K = 20 and
-    V = 21 in two blocks each."""
+    V = 21 in two blocks each (but the per-chunk kernels' value blocks, at least triton_delta.CHUNK_BLOCK wide)."""
     monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", Config(BT, 16, 16, 4, 1, BW=16))
     _check(lamixer.load(name), f"{name} BT={BT}", T=80, gate="strong", seed=BT, B=1, size=20)
 

@@ -1,7 +1,7 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton_delta.py: FAMILY, SEGMENT, SOLVE_HALF, OUTPUT_BLOCK, default_config,
+from lamixer/backends/triton_delta.py: FAMILY, SEGMENT, SOLVE_HALF, CHUNK_BLOCK, default_config,
 _forward, _delta_forward, delta_scan, _delta_backward, delta_scan_backward, _segment_suffix_sums,
 _decay_grad, _setup_context, _grads, _backward, _EagerDeltaScan, triton_delta_scan.
 What comes before the copies is this file's own: tb is host.py, as lamixer's triton backend is to
@@ -34,7 +34,7 @@ SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multipl
 SOLVE_HALF = "tf32"
 
 
-OUTPUT_BLOCK = 32
+CHUNK_BLOCK = 64
 
 
 def default_config(decay: str, K: int, V: int) -> Config:
@@ -42,7 +42,8 @@ def default_config(decay: str, K: int, V: int) -> Config:
     bf16): fewer register spills (32-token chunks, 8 warps, 16- or 32-wide value blocks, the least spilling by
     ptxas) were slower there: gated_deltanet 13.2 / 47.3 ms against 6.1 / 28.7 forward / +backward. The value
     blocks, as chunk_additive's: BV of the per-chunk kernels (prepare, output, dv), whole value rows, so that the
-    output kernel builds its scores once, not once per block (the additive output kernel: 305 -> 269 us at 128);
+    output kernel builds its scores once, not once per block (gated_deltanet's: 387 -> 267 us at 128; at least
+    CHUNK_BLOCK);
     BW of the two sequential passes, which hold the state (wider keys take narrower blocks); BG of the gradient
     kernel, which holds the most. A per-key decay holds [BT, BT, BK] weights: 16-token chunks. BK is the key
     block of the per-chunk kernels; the sequential passes hold the whole state (in blocks of tb.state_key_block
@@ -60,7 +61,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
-    BT, BV, BW = c_cfg.BT, min(c_cfg.BV, _pow2(V)), min(c_cfg.BW, _pow2(V))
+    BT, BV, BW = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, _pow2(V))), min(c_cfg.BW, _pow2(V))
     BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the state pass: tb.state_key_block)
     acc = h0.dtype
     varlen = cu is not None
@@ -99,9 +100,8 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
-    BV = max(OUTPUT_BLOCK, shapes["BV"])
-    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, BV), *grid_chunks)](
-        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **dict(shapes, BV=BV),
+    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, shapes["BV"]), *grid_chunks)](
+        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **shapes,
     )  # fmt: skip
     return o, ht, tm
 

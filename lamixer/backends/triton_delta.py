@@ -23,10 +23,12 @@ KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "
 CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
 # the solve's float32 products when every use of T rounds it to the inputs' half type (templates/scan_delta.py.jinja)
 SOLVE_HALF = "tf32"
-# the output kernel's narrowest value block: at 16 its bf16 dot q S0 ([BT, BK] x [BK, 16]) addressed shared memory out
-# of range on the H200 with Triton 3.6 (compute-sanitizer memcheck, gated_deltanet B = 4, T = 8192; an illegal memory
-# access without it), where the interpreter's bounds check finds every access inside its tensors: a compiler fault
-OUTPUT_BLOCK = 32
+# the per-chunk kernels' narrowest value block (prepare, output, A^T dO). On the H200 with Triton 3.6 (gated_deltanet,
+# bf16, B = 4, T = 8192) 16-wide blocks raised an illegal memory access, which compute-sanitizer memcheck placed in the
+# output kernel's bf16 dot q e^E S0 ([64, 64] x [64, 16]: shared memory addressed out of range), and 32-wide ones
+# raised one too (not located); the interpreter's bounds check finds every access of both inside its tensors: faults
+# of the compiled code. 64 and 128 wide ran in every check and benchmark.
+CHUNK_BLOCK = 64
 
 
 def template_config(scan) -> tuple[str, str]:
@@ -43,7 +45,8 @@ def default_config(decay: str, K: int, V: int) -> Config:
     bf16): fewer register spills (32-token chunks, 8 warps, 16- or 32-wide value blocks, the least spilling by
     ptxas) were slower there: gated_deltanet 13.2 / 47.3 ms against 6.1 / 28.7 forward / +backward. The value
     blocks, as chunk_additive's: BV of the per-chunk kernels (prepare, output, dv), whole value rows, so that the
-    output kernel builds its scores once, not once per block (the additive output kernel: 305 -> 269 us at 128);
+    output kernel builds its scores once, not once per block (gated_deltanet's: 387 -> 267 us at 128; at least
+    CHUNK_BLOCK);
     BW of the two sequential passes, which hold the state (wider keys take narrower blocks); BG of the gradient
     kernel, which holds the most. A per-key decay holds [BT, BT, BK] weights: 16-token chunks. BK is the key
     block of the per-chunk kernels; the sequential passes hold the whole state (in blocks of tb.state_key_block
@@ -58,11 +61,11 @@ def candidates(decay: str, K: int, V: int) -> list[Config]:
     """The autotuner's search space, default first: chunk length, the three value blocks, the per-chunk kernels' key
     block, warps and pipeline stages."""
     out = [default_config(decay, K, V)]
-    widths = sorted({min(b, _pow2(V)) for b in (32, 64, 128)})  # none 16 wide: see OUTPUT_BLOCK
+    widths = sorted({min(b, _pow2(V)) for b in (32, 64)})  # the sequential passes hold the state: at most 64 wide
     for BT in ((16, 32) if decay == "key" else (32, 64)):
-        for BV in widths:
-            for BW in widths[:2]:  # the sequential passes hold the state: at most 64 wide
-                for BG in widths[:2]:
+        for BV in sorted({max(CHUNK_BLOCK, min(b, _pow2(V))) for b in (64, 128)}):
+            for BW in widths:
+                for BG in widths:
                     for BK in sorted({min(b, _pow2(K)) for b in (32, 64)}):
                         for warps in (4, 8):
                             for stages in (1, 2):
@@ -86,7 +89,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
-    BT, BV, BW = c_cfg.BT, min(c_cfg.BV, _pow2(V)), min(c_cfg.BW, _pow2(V))
+    BT, BV, BW = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, _pow2(V))), min(c_cfg.BW, _pow2(V))
     BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the state pass: tb.state_key_block)
     acc = h0.dtype
     varlen = cu is not None
@@ -125,9 +128,8 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
-    BV = max(OUTPUT_BLOCK, shapes["BV"])
-    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, BV), *grid_chunks)](
-        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **dict(shapes, BV=BV),
+    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, shapes["BV"]), *grid_chunks)](
+        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **shapes,
     )  # fmt: skip
     return o, ht, tm
 

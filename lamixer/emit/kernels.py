@@ -131,7 +131,7 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
     ),
     _Host(
         "host_delta.py",
-        ((triton_delta, ("FAMILY", "SEGMENT", "SOLVE_HALF", "OUTPUT_BLOCK", "default_config", "_forward", "_delta_forward", "delta_scan", "_delta_backward", "delta_scan_backward",
+        ((triton_delta, ("FAMILY", "SEGMENT", "SOLVE_HALF", "CHUNK_BLOCK", "default_config", "_forward", "_delta_forward", "delta_scan", "_delta_backward", "delta_scan_backward",
                          "_segment_suffix_sums", "_decay_grad", "_setup_context", "_grads", "_backward", "_EagerDeltaScan", "triton_delta_scan")),),
         custom_ops=2,
         own_doc=f"tb is host.py, as lamixer's triton backend is to its delta rule; {_DEFAULT_DOC}; {_NAMESPACE_DOC}",
