@@ -275,12 +275,27 @@ def test_torch_compile_fullgraph_over_a_decode_step():
 
 
 
-def test_a_graphed_decoder_needs_a_cuda_layer_and_names_bad_arguments():
-    """Layer.decoder captures the step in a CUDA graph (its steps are checked against Layer.step by `lamixer bench`
-    on a GPU); here, where no GPU is, it refuses a CPU layer, a batch that is no count, and a layer with no step."""
-    layer = make("gla", torch.float32)
-    with pytest.raises(lamixer.ArgumentError, match="layer.*CUDA"):
-        layer.decoder(2)
+@pytest.mark.parametrize("name, backend", [("gla", "torch"), ("gated_deltanet", "triton"), ("gsa", "triton"), ("rwkv6", "torch")])
+def test_a_decoder_steps_as_layer_step_does(name, backend):
+    """Layer.decoder holds the state and updates it in place (the recurrent kernel writes it over the decoder's own:
+    runtime.scan.STATES_IN_PLACE); off CUDA it steps eagerly. Its steps equal Layer.step's carrying the state, from
+    a prompt's state and after a reset; bad arguments name themselves. (On a GPU, `lamixer bench` checks the
+    captured graph's steps the same way.)"""
+    torch.manual_seed(0)
+    layer = lamixer.Layer(name, HIDDEN, HEADS, backend=backend, **SMALL.get(name, {}))
+    with torch.no_grad():
+        _, state = layer(torch.randn(2, 7, HIDDEN), return_state=True)
+        dec = layer.decoder(2, state)
+        xs = torch.randn(5, 2, HIDDEN)
+        for x in xs:
+            y, state = layer.step(x, state)
+            assert rel(dec.step(x), y) < 1e-6
+        assert all(rel(a, b) < 1e-6 for a, b in zip(dec.state.mixer, state.mixer)) and torch.equal(dec.state.position, state.position)
+        dec.reset()
+        y, _ = layer.step(xs[0])
+        assert rel(dec.step(xs[0]), y) < 1e-6
+    with pytest.raises(lamixer.ArgumentError, match="x_t"):
+        dec.step(torch.randn(3, HIDDEN))
     with pytest.raises(lamixer.ArgumentError, match="batch"):
         layer.decoder(0)
     with pytest.raises(lamixer.LamixerError, match="whole sequences"):

@@ -308,54 +308,61 @@ class LayerBase(nn.Module):
         return y[:, 0], state
 
     def decoder(self, batch: int, state: LayerState | None = None) -> GraphedDecoder:
-        """`step` for a fixed batch of sequences, captured once in a CUDA graph: see GraphedDecoder."""
+        """`step` for a fixed batch of sequences, its state held and updated in place, captured once in a CUDA graph on
+        a CUDA device: see GraphedDecoder."""
         return GraphedDecoder(self, batch, state)
 
 
 class GraphedDecoder:
-    """Decoding on a CUDA device with the host's work paid once: the layer's one-token step is captured in a CUDA
-    graph for `batch` sequences, its state held in the graph's own tensors and updated in place.
+    """Decoding with the host's work paid once: on a CUDA device the layer's one-token step is captured in a CUDA
+    graph for `batch` sequences, its state held in the decoder's own tensors and updated in place.
 
         dec = layer.decoder(batch)        # or layer.decoder(batch, state) to continue a state, e.g. a prefill's
         y_t = dec.step(x_t)               # x_t [batch, hidden] -> y_t [batch, hidden]
 
     A step copies x_t in and replays the captured kernels: no Python op, no argument binding, no kernel launch
-    from the host but the graph's. The mixer's recurrent kernel writes its states over the graph's own
-    (runtime.scan.STATES_IN_PLACE), so a step moves the state once, as a plain step does. y_t is the graph's output tensor, overwritten by the next step (clone it to
-    keep it); `state` is the carried LayerState (its tensors too are updated in place), `reset` starts over.
-    The layer's parameters are read by the replay as they are then: change them in place, not by reassigning."""
+    from the host but the graph's. The mixer's recurrent kernel writes its states over the decoder's own
+    (runtime.scan.STATES_IN_PLACE), so a step moves the state once, as a plain step does. Elsewhere (a CPU layer)
+    the same object runs each step eagerly. y_t is the decoder's output tensor, overwritten by the next step
+    (clone it to keep it); `state` is the carried LayerState (its tensors too are updated in place), `reset`
+    starts over. The layer's parameters are read by the replay as they are then: change them in place, not by
+    reassigning."""
 
     def __init__(self, layer: LayerBase, batch: int, state: LayerState | None = None):
         batch = whole(batch, "the batch", "batch")
         if not layer.stateful:
             raise LamixerError(f"{layer.spec_name} runs on whole sequences only: it has no one-token step to capture")
         p = next(layer.parameters(), None)
-        if p is None or p.device.type != "cuda":
-            raise ArgumentError("layer", "must be on a CUDA device to decode from a CUDA graph (layer.to('cuda'))")
+        device, dtype = (p.device, p.dtype) if p is not None else (torch.device("cpu"), torch.float32)
         self.layer, self.batch = layer, batch
-        self.x = torch.zeros(batch, layer.hidden_size, device=p.device, dtype=p.dtype)
-        fresh = layer.initial_state(batch, p.device, torch.float64 if p.dtype == torch.float64 else torch.float32)
-        if state is not None:
-            layer._check_state(state, batch)
-        self.state = fresh  # the graph's state: what `state` holds, copied in
-        self.reset(state)
-        with torch.no_grad():
-            side = torch.cuda.Stream(p.device)  # warm-up off the capture: fills every per-signature cache first
-            side.wait_stream(torch.cuda.current_stream(p.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    layer.step(self.x, self.state)
-            torch.cuda.current_stream(p.device).wait_stream(side)
-            self.graph = torch.cuda.CUDAGraph()
-            token = STATES_IN_PLACE.set(True)  # the mixer's recurrent kernel updates self.state's tensors itself
-            try:
-                with torch.cuda.graph(self.graph):
-                    self.y, new = layer.step(self.x, self.state)
-                    for mine, theirs in zip(_tensors(self.state), _tensors(new)):
-                        if mine.data_ptr() != theirs.data_ptr():  # the rest (conv caches, position, fused states)
-                            mine.copy_(theirs)
-            finally:
-                STATES_IN_PLACE.reset(token)
+        self.x = torch.zeros(batch, layer.hidden_size, device=device, dtype=dtype)
+        self.state = layer.initial_state(batch, device, torch.float64 if dtype == torch.float64 else torch.float32)
+        self.reset(state)  # the decoder's state: what `state` holds, copied in
+        self.graph = None
+        if device.type == "cuda":
+            with torch.no_grad():
+                side = torch.cuda.Stream(device)  # warm-up off the capture: fills every per-signature cache first
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        layer.step(self.x, self.state)
+                torch.cuda.current_stream(device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self._advance()
+                self.graph = graph
+
+    def _advance(self) -> None:
+        """One step of self.x into self.y and self.state (what the graph captures)."""
+        token = STATES_IN_PLACE.set(True)  # the mixer's recurrent kernel updates self.state's tensors itself
+        try:
+            with torch.no_grad():
+                self.y, new = self.layer.step(self.x, self.state)
+                for mine, theirs in zip(_tensors(self.state), _tensors(new)):
+                    if mine.data_ptr() != theirs.data_ptr():  # the rest (conv caches, position, fused states)
+                        mine.copy_(theirs)
+        finally:
+            STATES_IN_PLACE.reset(token)
 
     def reset(self, state: LayerState | None = None) -> None:
         """Start over from `state` (zeros when None) for the next step."""
@@ -367,12 +374,15 @@ class GraphedDecoder:
                 mine.copy_(theirs)
 
     def step(self, x_t: torch.Tensor) -> torch.Tensor:
-        """One token per sequence: x_t [batch, hidden] -> y_t [batch, hidden] (the graph's tensor: see the class)."""
+        """One token per sequence: x_t [batch, hidden] -> y_t [batch, hidden] (the decoder's tensor: see the class)."""
         self.layer._check_x(x_t, "x_t", 2)
         if x_t.shape[0] != self.batch:
             raise ArgumentError("x_t", f"must hold the decoder's {self.batch} sequences, got {x_t.shape[0]}")
         self.x.copy_(x_t)
-        self.graph.replay()
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._advance()
         return self.y
 
 
