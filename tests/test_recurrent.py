@@ -280,3 +280,35 @@ def test_states_in_place_overwrite_the_initial_state(launches):
     finally:
         STATES_IN_PLACE.reset(token)
     assert final.data_ptr() == h0.data_ptr() and rel_rms(final, ref[1][0]) < 1e-6 and rel_rms(o, ref[0]) < 1e-6
+
+
+def test_random_mixers_infer_as_the_interpreter_does(launches):
+    """The fuzzer's dims-typed random mixers (tests/test_fuzz.py) that compile and run: the Triton backend's
+    inference path (the recurrent kernel, its key-side operands finished in it where their form allows) against the
+    interpreter in float64, packed or not; specs whose reference overflows are left out. Some calls must have given
+    the kernel unfinished operands, or the test would not test the forms."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from test_fuzz import load_or_located_error, typed_spec
+
+    ran = []
+
+    @settings(max_examples=200, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(typed_spec(), st.booleans())
+    def check(text, packed):
+        m = load_or_located_error(text)
+        if m is None or not all(s.reads for s in m.compiled.classification.scans):  # (the kernels need a read)
+            return
+        cu = [0, 2, 6] if packed else None
+        tensors, states = random_call(m, B=1, T=6, H=2, size=3, cu_seqlens=cu)
+        ref = run(m, tensors, states, "interpret", cu)
+        if not all(torch.isfinite(x).all() for x in (ref[0], *ref[1])):
+            return
+        got = run(m, tensors, states, "triton", cu)
+        errors = [rel_rms(a, b) for a, b in zip((got[0], *got[1]), (ref[0], *ref[1]))]
+        assert max(errors) < 1e-9, (errors, text)
+        ran.append(text)
+
+    check()
+    finished = [forms for forms, *_ in launches.finished if forms and (any(forms[0]) or any(x is not None for x in forms[1:]))]
+    assert len(ran) > 50 and len(finished) > 5, (len(ran), len(finished))
