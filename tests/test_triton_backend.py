@@ -341,9 +341,10 @@ def test_a_failing_compilation_warns_and_runs_unfused(monkeypatch):
 def test_random_mixers_train_as_the_interpreter_does():
     """The fuzzer's dims-typed random mixers (tests/test_fuzz.py) that the chunk kernels take: one forward and
     backward on the Triton backend against the interpreter in float64 (outputs, final states, every gradient), at
-    T = 6 and 70 (two chunks), packed or not. A gradient that is zero up to rounding (a key the same for every token:
-    its softmax gradients cancel) must be zero up to rounding; specs whose reference overflows are left out. 322 of
-    600 examples ran locally, all within 1e-8."""
+    T = 6 and 70 (two chunks), packed or not; specs whose reference overflows are left out. Within 1e-8, or within
+    ten times the torch backend's own distance from the interpreter where that is larger: a gradient that is rounding
+    noise, analytically zero (a key the same for every token cancels its softmax gradients; (p * x) / p cancels
+    d/dp with terms of order 1/p^2). 2500 examples locally: 1270 ran, three with such a gradient, no other error."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
     from test_fuzz import load_or_located_error, typed_spec
@@ -364,14 +365,12 @@ def test_random_mixers_train_as_the_interpreter_does():
         if not all(torch.isfinite(x).all() for x in ref.values() if x is not None):
             return
         got = forward_backward(m, tensors, states, "triton", cu_seqlens=cu)
+        gauge = forward_backward(m, tensors, states, "torch", cu_seqlens=cu)
         for key, want in ref.items():
             assert (got[key] is None) == (want is None), (key, text)
-            if want is None:
-                continue
-            if want.norm() < 1e-12 * want.numel() ** 0.5:  # zero up to rounding
-                assert got[key].norm() < 1e-10, (key, text)
-            else:
-                assert rel_rms(got[key], want) < 1e-8, (key, rel_rms(got[key], want), text)
+            if want is not None:
+                bound = max(1e-8, 10 * rel_rms(gauge[key], want))
+                assert rel_rms(got[key], want) < bound, (key, rel_rms(got[key], want), bound, text)
         ran.append(text)
 
     check()
