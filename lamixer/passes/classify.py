@@ -181,7 +181,13 @@ class _StateAnalysis:
         g, logs = self.g, []
         for f in factors:
             loc = g.node(f)["loc"]
-            logs.append(g.args(f)[0] if g.is_fn(f, "unary", "exp") else g.add("unary", (f,), g.dims_of(f), loc, fn="log"))
+            if g.is_fn(f, "unary", "exp"):
+                logs.append(g.args(f)[0])
+            elif g.is_fn(f, "unary", "sigmoid"):  # log(sigmoid(x)) is -inf where sigmoid underflows (x < -104 in
+                # float32), which the chunked forms turn into NaN; logsigmoid(x) stays finite
+                logs.append(g.add("unary", g.args(f), g.dims_of(f), loc, fn="logsigmoid"))
+            else:
+                logs.append(g.add("unary", (f,), g.dims_of(f), loc, fn="log"))
         total = None
         for f, lg in zip(factors, logs, strict=True):  # errors point at the decay factor as written, not at what it is made of
             if len(g.dims_of(lg)) == 2:
