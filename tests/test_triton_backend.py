@@ -375,6 +375,17 @@ def test_random_mixers_train_as_the_interpreter_does():
     assert len(ran) > 30, len(ran)
 
 
+def test_a_constant_decay_of_zero_stays_finite():
+    """A per-head constant decay that is exactly 0 at one head (exp(-softplus(K / h)) at h = 0: log decay -inf) runs as
+    the smallest normal number's log: the kernels' differences of cumulative log decays gave NaN (found by fuzzing)."""
+    m = lamixer.loads("mixer zero\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = exp(-softplus(K / h)) * S + outer(k, v)\nout o = q @ S\n")
+    tensors, states = random_call(m, B=1, T=70, H=2, size=4, dtype=torch.float64, seed=2)
+    ref = forward_backward(m, tensors, states, "interpret")
+    got = forward_backward(m, tensors, states, "triton")
+    errors = {k: rel_rms(got[k], ref[k]) for k in ref if ref[k] is not None}
+    assert max(errors.values()) < 1e-10, errors
+
+
 def test_a_sigmoid_gate_that_underflows_stays_finite():
     """A decay written sigmoid(x) lowers to the log decay logsigmoid(x), not log(sigmoid(x)): where sigmoid underflows
     to 0 (x = -300 in float32) the log is -inf, which the chunked forms of both backends turned into NaN (the
