@@ -182,9 +182,8 @@ def graphed(fn):
 
 def decode_row(op: str, B: int, state_bytes: int, bandwidth: float, step, replay=None, wall=wall_us) -> dict:
     """Timing of one decode step: us from Python (and graph_us of `replay` when given: a CUDA graph's replay, for a
-    layer Layer.decoder's step, its input's copy included), with the
-    state's bytes read and written per microsecond (state_GBps) and the ratio to moving the state once each way
-    at the copy bandwidth (vs_floor)."""
+    layer Layer.decoder's step, its input's copy included), with the state's bytes read and written per microsecond
+    (state_GBps) and the ratio to moving the state once each way at the copy bandwidth (vs_floor)."""
     floor_us = 1e6 * 2 * state_bytes / bandwidth
     row = dict(op=op, B=B, state_MB=round(state_bytes / 2**20, 2), state_floor_us=round(floor_us, 2))
     timings = [("", step)] + ([("graph_", replay)] if replay is not None else [])

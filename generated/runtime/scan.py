@@ -151,9 +151,9 @@ def _block_attention(q, k, v, size: int) -> torch.Tensor:
     return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
 
 
-# True where a scan may write each final state over its initial state (the recurrent kernel, when that is the
-# caller's own tensor, float32 and contiguous, the state is updated in place): Layer.decoder's CUDA graph holds its state
-# so, with no copy back per step. Each program of the kernel reads its block of the state before it writes it.
+# True where a scan may write each final state over its initial state: the recurrent kernel does, so a caller's own
+# float32, contiguous state is updated in place (Layer.decoder's CUDA graph holds its state so, with no copy back per
+# step). Each program of the kernel reads its block of the state before it writes it.
 STATES_IN_PLACE = contextvars.ContextVar("lamixer_states_in_place", default=False)
 
 
@@ -230,8 +230,8 @@ def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_s
     with b = 1); log_decay [.., 1 or K] on the key side, [.., V] on the value side, or None; reads
     [(query [.., K], decayed, written)]; h0 the initial states, [N, H, K, V] (or [N, H, K] for a vector state).
     `scan` runs the ScanOperands (torch_scan, or generated kernels); query_factors are per-head factors [H] it
-    applies to the queries (None: none), forms the KeyForms it applies (ScanOperands.forms). Returns each state's read outputs ([B, T, H, V], or [B, T, H]) and final
-    states ([N, H, K, V], or [N, H, K]).
+    applies to the queries (None: none), forms the KeyForms it applies (ScanOperands.forms). Returns each state's
+    read outputs ([B, T, H, V], or [B, T, H]) and final states ([N, H, K, V], or [N, H, K]).
     """
     B, T, H = shape
     K = h0[0].shape[2]

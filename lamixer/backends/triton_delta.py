@@ -46,9 +46,8 @@ def default_config(decay: str, K: int, V: int) -> Config:
     ptxas) were slower there: gated_deltanet 13.2 / 47.3 ms against 6.1 / 28.7 forward / +backward. The value
     blocks, as chunk_additive's: BV of the per-chunk kernels (prepare, output, dv), whole value rows, so that the
     output kernel builds its scores once, not once per block (gated_deltanet's: 387 -> 267 us at 128; at least
-    CHUNK_BLOCK);
-    BW of the two sequential passes, which hold the state (wider keys take narrower blocks); BG of the gradient
-    kernel, which holds the most. A per-key decay holds [BT, BT, BK] weights: 16-token chunks. BK is the key
+    CHUNK_BLOCK); BW of the two sequential passes, which hold the state (wider keys take narrower blocks); BG of the
+    gradient kernel, which holds the most. A per-key decay holds [BT, BT, BK] weights: 16-token chunks. BK is the key
     block of the per-chunk kernels; the sequential passes hold the whole state (in blocks of tb.state_key_block
     rows)."""
     BW = min(64 if K <= 128 else 32, _pow2(V))
