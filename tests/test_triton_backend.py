@@ -341,10 +341,12 @@ def test_a_failing_compilation_warns_and_runs_unfused(monkeypatch):
 def test_random_mixers_train_as_the_interpreter_does():
     """The fuzzer's dims-typed random mixers (tests/test_fuzz.py) that the chunk kernels take: one forward and
     backward on the Triton backend against the interpreter in float64 (outputs, final states, every gradient), at
-    T = 6 and 70 (two chunks), packed or not; specs whose reference overflows are left out. Within 1e-8, or within
-    ten times the torch backend's own distance from the interpreter where that is larger: a gradient that is rounding
-    noise, analytically zero (a key the same for every token cancels its softmax gradients; (p * x) / p cancels
-    d/dp with terms of order 1/p^2). 2500 examples locally: 1270 ran, three with such a gradient, no other error."""
+    T = 6 and 70 (two chunks), packed or not; specs whose reference overflows are left out. Within 1e-8, or, for a
+    gradient that is analytically zero and numerically rounding noise, within ten times the torch backend's own
+    distance from the interpreter ((p * x) / p cancels d/dp with terms of order 1/p^2) or within rounding of it in
+    absolute terms (k / k; a key the same for every token cancels its softmax gradients). 2500 examples locally:
+    1270 ran, three with such a gradient, no other error. (The examples follow from this test's source: an edit
+    draws others.)"""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
     from test_fuzz import load_or_located_error, typed_spec
@@ -368,7 +370,8 @@ def test_random_mixers_train_as_the_interpreter_does():
             assert (got[key] is None) == (want is None) == (gauge[key] is None), (key, text)
             if want is not None:
                 bound = max(1e-8, 10 * rel_rms(gauge[key], want))
-                assert rel_rms(got[key], want) < bound, (key, rel_rms(got[key], want), bound, text)
+                noise = (got[key] - want).norm() < 1e-10 * want.numel() ** 0.5  # zero up to rounding, as the reference is
+                assert rel_rms(got[key], want) < bound or noise, (key, rel_rms(got[key], want), bound, text)
         ran.append(text)
 
     check()
