@@ -22,21 +22,34 @@ from lamixer.autotune import Config
 from lamixer.backends import triton as tb
 from lamixer.check import forward_backward, random_call, rel_rms
 
+TOP = 14  # kernels listed per profile (--top)
 
-def kernel_times(fn, do) -> dict[str, float]:
-    """GPU microseconds per kernel name over one forward+backward."""
+
+def kernel_times(fn, do, backward: bool = True, leaves=()) -> dict[str, float]:
+    """GPU microseconds per kernel name over one forward+backward (the forward alone without `backward`); `leaves`
+    get no gradient to accumulate into (bench.do_bench)."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn().backward(do)
+    def step():
+        for x in leaves:
+            x.grad = None
+        if backward:
+            fn().backward(do)
+        else:
+            with torch.no_grad():
+                fn()
+
+    step()  # the first call of a signature runs unfused, the second compiles (runtime/fuse.py)
+    step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn().backward(do)
+        step()
         torch.cuda.synchronize()
     out: dict[str, float] = {}
     for e in prof.key_averages():
         if e.device_time_total > 0:
             out[e.key[:90]] = round(e.device_time_total, 1)
-    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:14])
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:TOP])
 
 
 def check(m, config) -> float:
@@ -58,9 +71,13 @@ def main():
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--fla", action="store_true")
     ap.add_argument("--compile", action="store_true", help="also time the call under torch.compile(fullgraph=True)")
+    ap.add_argument("--top", type=int, default=14, help="kernels listed per profile")
+    ap.add_argument("--forward", action="store_true", help="also list the kernels of a forward alone (no grad)")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: skip what starts after this")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
+    global TOP
+    TOP = args.top
     t_start = time.time()
     T = args.T
     B = bench.BT_TOTAL // T
@@ -86,8 +103,10 @@ def main():
             try:
                 row["check"] = check(m, config)
                 tb.CONFIG_OVERRIDE = config
-                row.update(bench._time(name, lambda: m(**tensors, backend="triton")[0], do, {}))
-                row["kernels_us"] = kernel_times(lambda: m(**tensors, backend="triton")[0], do)
+                row.update(bench._time(name, lambda: m(**tensors, backend="triton")[0], do, {}, tensors.values()))
+                row["kernels_us"] = kernel_times(lambda: m(**tensors, backend="triton")[0], do, leaves=tensors.values())
+                if args.forward:
+                    row["forward_kernels_us"] = kernel_times(lambda: m(**tensors, backend="triton")[0], do, backward=False)
             except Exception as e:
                 row["error"] = repr(e)[:300]
             finally:
@@ -103,8 +122,8 @@ def main():
                 eager = m(**tensors, backend="triton")[0].float()
                 row["vs_eager"] = rel_rms(fused(**tensors).float(), eager)
                 row["compile_s"] = round(time.time() - t0, 1)
-                row.update(bench._time(name, lambda: fused(**tensors), do, {}))
-                row["kernels_us"] = kernel_times(lambda: fused(**tensors), do)
+                row.update(bench._time(name, lambda: fused(**tensors), do, {}, tensors.values()))
+                row["kernels_us"] = kernel_times(lambda: fused(**tensors), do, leaves=tensors.values())
             except Exception as e:
                 row["error"] = repr(e)[:300]
             rows.append(row)
@@ -114,10 +133,10 @@ def main():
             path, call = bench.COMPETITORS[name][:2]
             fn = bench._import(path)
             t0 = time.time()
-            row = bench._time("fla " + path, lambda: call(fn, tensors)[0], do, dict(spec=name))
+            row = bench._time("fla " + path, lambda: call(fn, tensors)[0], do, dict(spec=name), tensors.values())
             row["first_call_s"] = round(time.time() - t0, 1)
             if "error" not in row:
-                row["kernels_us"] = kernel_times(lambda: call(fn, tensors)[0], do)
+                row["kernels_us"] = kernel_times(lambda: call(fn, tensors)[0], do, leaves=tensors.values())
             rows.append(row)
             print(json.dumps(row), flush=True)
             save()

@@ -120,7 +120,7 @@ def test_bench_saves_its_rows_as_it_goes(monkeypatch):
     monkeypatch.setattr(bench, "D", 8)
     monkeypatch.setattr(bench, "copy_bandwidth", lambda: 1e12)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stub")
-    monkeypatch.setattr(bench, "_time", lambda op, fn, do, extra: dict(op=op, **extra, fwd_ms=1.0, fwdbwd_ms=2.0))
+    monkeypatch.setattr(bench, "_time", lambda op, fn, do, extra, leaves=(): dict(op=op, **extra, fwd_ms=1.0, fwdbwd_ms=2.0))
     saved = []
     res = bench.run([lamixer.load("gla"), lamixer.load("deltanet")], [16, 32], {"sdpa"}, decode=False, log=lambda row: None,
                     save=lambda r: saved.append([row["op"] for row in r["rows"]]))  # fmt: skip
