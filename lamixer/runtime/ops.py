@@ -107,14 +107,26 @@ def stat(fn: str, x: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor:
     """A whole-input statistic of x [B, T, H, *dims] -> [B|1, H|1], stop-gradient.
 
     Reduced over time, feature dims, and batch/head unless grouped by them; std and var are
-    Bessel-corrected, as torch.std.
+    Bessel-corrected, as torch.std. In two stages: each token's feature dims (contiguous), then
+    its [B, T, H] partials; never a permuted copy of x (a GPU reduction over strided axes read x
+    at a tenth of its bandwidth: lln's max per batch and head, 346 us for 134 MB on the H200).
+    Variances combine exactly (Chan et al.): the sum of the tokens' squared deviations plus each
+    token's count times its mean's squared deviation from the overall mean.
     """
     B, T, H = x.shape[:3]
-    x = x.reshape(B, T, H, -1).transpose(1, 2).reshape(B, H, -1)
-    if "batch" not in groups:
-        x = x.transpose(0, 1).reshape(1, H, -1)
-    if "head" not in groups:
-        x = x.transpose(1, 2).reshape(x.shape[0], 1, -1)
-    reducers = {"mean": torch.mean, "std": torch.std, "var": torch.var}
-    out = reducers[fn](x, -1) if fn in reducers else (x.amax(-1) if fn == "max" else x.amin(-1))
-    return out.detach()
+    x = x.detach().reshape(B, T, H, -1)
+    n = x.shape[-1]
+    axes = (1,) + (() if "batch" in groups else (0,)) + (() if "head" in groups else (2,))
+    shape = (B if "batch" in groups else 1, H if "head" in groups else 1)
+    if fn in ("max", "min"):
+        part = x.amax(-1) if fn == "max" else x.amin(-1)
+        return (part.amax(axes) if fn == "max" else part.amin(axes)).reshape(shape)
+    wide = torch.float64 if x.dtype == torch.float64 else torch.float32
+    mean = x.mean(-1, dtype=wide)  # [B, T, H]
+    overall = mean.mean(axes, keepdim=True)
+    if fn == "mean":
+        return overall.reshape(shape).to(x.dtype)
+    count = n * (mean.numel() // overall.numel())
+    squares = (x - mean.unsqueeze(-1)).square().sum(-1, dtype=wide)  # [B, T, H]: each token's squared deviations
+    var = (squares.sum(axes) + n * (mean - overall).square().sum(axes)) / (count - 1)
+    return (var.sqrt() if fn == "std" else var).reshape(shape).to(x.dtype)
