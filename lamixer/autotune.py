@@ -272,16 +272,20 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     h0 = tuple(s.detach().clone().requires_grad_() for s in states)
     do = torch.randn_like(reference["o"]).to(dtype)
     tol = 1e-3 if dtype == torch.float32 else 1e-2
-    from .emit.kernels import chunk_config
+    from .emit.kernels import chunk_config, normalisers
 
     tuned, space = search_space(mixer, size)
     K = size
     acc = "float32"
     keys = []  # the entries the winner is stored under: one per kernel source of the searched family
+    carried = normalisers(mixer.compiled)  # vector states the chunk kernels carry beside a matrix state's scan
     for s in mixer.compiled.classification.scans:
-        if chunk_config(s)[0] == tuned:
+        if chunk_config(s)[0] == tuned and s.state not in carried:
             family = tb.triton_delta if s.rule == "delta" else tb
-            key = entry_key(device_name(torch.device(device)), family.kernel_hash(*family.template_config(s), acc), dtype, shape_bucket(B, T, H, K, size))
+            group = next((g for g in mixer.compiled.plan.fusable if s.state in g), (s.state,))
+            ones = {"ones": True} if carried & set(group) else {}
+            key = entry_key(device_name(torch.device(device)), family.kernel_hash(*family.template_config(s), acc, **ones), dtype,
+                            shape_bucket(B, T, H, K, size))  # fmt: skip
             keys += [key] if key not in keys else []
     trials: list[Trial] = []
     best: Trial | None = None

@@ -116,17 +116,24 @@ def _kernels(c: Compiled) -> list[str]:
     """Which generated kernels the triton backend runs for each scan, or why it cannot."""
     from .backends import triton as triton_backend
     from .backends import triton_delta
-    from .emit.kernels import chunk_config
+    from .emit.kernels import chunk_config, normalisers
 
     missing = triton_backend.unsupported(c)
     if missing:
         lines = ["triton kernels: none (the torch backend runs what the recurrent kernel does not): " + "; ".join(missing)]
     else:
         lines = ["triton kernels:"]
+        carried = normalisers(c)
         for s in c.classification.scans:
+            group = next((g for g in c.plan.fusable if s.state in g), (s.state,))
+            if s.state in carried:
+                first = next(st for st in group if st not in carried)
+                lines.append(f"  scan {s.state}: in scan {first}'s kernels, as their normaliser (its own [K] state; reads: score rows summed)")
+                continue
             family, decay, read = chunk_config(s)
-            names = triton_delta.KERNELS if family == triton_delta.FAMILY else triton_backend.kernel_names(decay)
-            lines.append(f"  scan {s.state}: {family}_{decay}_{read}_float32_{{{', '.join(names)}}}")
+            names = (triton_delta if family == triton_delta.FAMILY else triton_backend).kernel_names(decay)
+            ones = "_ones" if carried & set(group) else ""
+            lines.append(f"  scan {s.state}: {family}_{decay}_{read}{ones}_float32_{{{', '.join(names)}}}")
     return lines + _recurrent_kernels(c)
 
 

@@ -30,21 +30,23 @@ def test_each_additive_kernel_file_defines_its_named_kernels():
 
     files = {p.stem: p for p in (GENERATED / "kernels").glob("*_additive_*.py") if not p.stem.startswith("recurrent")}
     # every configuration the shipped specs classify into, once: gsa's first state decays along the value dim
+    # and lln's scan with its normaliser (_ones)
     assert sorted(files) == ["chunk_additive_key_after", "chunk_additive_key_before", "chunk_additive_none_after",
-                             "chunk_additive_scalar_after", "chunk_additive_value_after"]  # fmt: skip
+                             "chunk_additive_none_after_ones", "chunk_additive_scalar_after", "chunk_additive_value_after"]  # fmt: skip
     for stem, path in files.items():
         names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
-        assert names == {f"{stem}_float32_{k}" for k in kernel_names(stem.split("_")[2])}, path
+        prefix = stem.replace("_ones", "") + "_ones" * stem.endswith("_ones")
+        assert names == {f"{prefix}_float32_{k}" for k in kernel_names(stem.split("_")[2])}, path
 
 
 def test_each_delta_kernel_file_defines_its_named_kernels():
-    from lamixer.backends.triton_delta import KERNELS
+    from lamixer.backends.triton_delta import kernel_names
 
     files = list((GENERATED / "kernels").glob("scan_delta_*.py"))
     assert len(files) == 2  # deltanet (no decay) and gated_deltanet (scalar decay)
     for path in files:
         names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
-        assert names == {f"{path.stem}_float32_{k}" for k in KERNELS}, path
+        assert names == {f"{path.stem}_float32_{k}" for k in kernel_names(path.stem.split("_")[2])}, path
 
 
 def test_each_recurrent_kernel_file_defines_its_kernel():

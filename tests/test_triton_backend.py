@@ -401,3 +401,63 @@ def test_a_sigmoid_gate_that_underflows_stays_finite():
         got = forward_backward(m, tensors, states, backend)
         errors = {k: rel_rms(got[k], ref[k]) for k in ref if ref[k] is not None}
         assert max(errors.values()) < 1e-4, (backend, errors)
+
+
+@pytest.mark.parametrize("spec", ["gla", "simple_gla", "gsa", "gated_deltanet"])
+def test_a_decay_of_zero_at_some_tokens_resets_the_state(spec):
+    """A per-token log decay of exactly -inf (a gate that reaches 0: the state forgets everything there) mid-chunk, at
+    a chunk's start and end and twice in a row, along the key dim, the value dim, per head, and under the delta rule:
+    the kernels floor it at the accumulator's smallest normal number's log where they load it (their differences of
+    cumulative log decays made -inf - -inf NaN), and match the interpreter in float64."""
+    m = lamixer.load(spec)
+    tensors, states = random_call(m, B=2, T=70, H=2, size=8, dtype=torch.float64, seed=5)
+    g = tensors["g"].clone()
+    g[:, [0, 5, 40, 41, 63, 64]] = float("-inf")
+    tensors["g"] = g
+    cmp = compare(m, "triton", tensors, states)
+    assert cmp.worst < 1e-10, cmp.errors
+
+
+NORMALISED = """mixer normalised
+dims K, V
+input q[K], k[K], v[V]{gate}
+state z[K], S[K, V]
+let qp = exp(q)
+let kp = exp(k)
+z = {decay}z + kp
+S = {decay}S + outer(kp, v)
+out o = (qp @ S) / (qp @ z)
+"""
+
+
+@pytest.mark.parametrize("decay", ["none", "scalar", "key"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_normaliser_fused_with_its_state_sums_the_scores(decay, packed):
+    """A vector state written with the same keys, decay and queries as a matrix state runs side by side with it as a
+    last column of ones, which the output kernel sums (the rows of the chunk's scores) instead of giving a value block
+    of its own; declared first, it still goes last. Against the interpreter in float64, packed sequences too."""
+    gate = {"none": "", "scalar": ", g[] in (-inf, 0)", "key": ", g[K] in (-inf, 0)"}[decay]
+    m = lamixer.loads(NORMALISED.format(gate=gate, decay="" if decay == "none" else "exp(g) * "))
+    assert m.compiled.plan.fusable == [("z", "S")]
+    cu = [0, 5, 70, 133] if packed else None
+    tensors, states = random_call(m, B=1 if packed else 2, T=133, H=2, size=8, dtype=torch.float64, seed=7, cu_seqlens=cu)
+    tensors = {n: x * 0.3 if n in ("q", "k") else x for n, x in tensors.items()}  # feature maps of order 1
+    cmp = compare(m, "triton", tensors, states, cu_seqlens=cu)
+    assert cmp.worst < 1e-10, cmp.errors
+
+
+@pytest.mark.parametrize("name", lamixer.shipped_specs())
+def test_what_fuse_compiles_traces_to_one_graph(name):
+    """runtime/fuse.py compiles the evaluation around the kernels' custom ops (training: the chunk kernels, lln's
+    normaliser included) as one graph: a break would compile its pieces apart."""
+    import dataclasses
+
+    from lamixer.call import bind
+
+    m = lamixer.load(name)
+    tensors, _ = random_call(m, B=2, T=140, H=2, size=16, dtype=torch.float32, initial_state=False, distinct=False)
+    call = bind(m.compiled, (), {k: v.requires_grad_() for k, v in tensors.items()}, None, None, None)
+    choices = triton_backend._choices(m.compiled, call, True)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda c: triton_backend._evaluate(c, m.compiled, *choices))(dataclasses.replace(call, memo=None))
+    assert explained.graph_count == 1, [str(b.reason)[:300] for b in explained.break_reasons]

@@ -87,4 +87,4 @@ def forward(call, scan):
         cu_seqlens=call.cu_seqlens,
         chunk=64,
     )
-    return o, [S]
+    return o.to(call.out_dtype), [S]

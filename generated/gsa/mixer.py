@@ -98,4 +98,4 @@ def forward(call, scan):
         cu_seqlens=call.cu_seqlens,
         chunk=8,
     )
-    return o, [Kt, Vt]
+    return o.to(call.out_dtype), [Kt, Vt]

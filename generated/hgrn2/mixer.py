@@ -81,4 +81,4 @@ def forward(call, scan):
         cu_seqlens=call.cu_seqlens,
         chunk=8,
     )
-    return o, [S]
+    return o.to(call.out_dtype), [S]

@@ -54,28 +54,28 @@ def chunk_additive_key_after_float32_state_fwd(
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
-        b_gT = tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
         b_h0 = b_h0 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 1 * BK:
             tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h1 = b_h1 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 2 * BK:
             tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h2 = b_h2 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 3 * BK:
             tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h3 = b_h3 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
@@ -112,7 +112,8 @@ def chunk_additive_key_after_float32_cumsum_fwd(
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_B = tl.cumsum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), axis=0)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_B = tl.cumsum(b_g, axis=0)
     tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
 
 
@@ -198,7 +199,8 @@ def chunk_additive_key_after_float32_output_fwd(
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_E = tl.load(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-    b_o = tl.dot((b_q * tl.exp(b_E)).to(b_q.dtype), b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
+    b_qd = (b_q * tl.exp(b_E)).to(b_q.dtype)
+    b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]  # the diagonal blocks hold their own mask
     b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & m_ij, other=0.)  # [BT, BT]
     b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
@@ -258,7 +260,7 @@ def chunk_additive_key_after_float32_state_bwd(
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         if USE_QS:
             b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_gT = tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         b_E = b_B
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -268,7 +270,7 @@ def chunk_additive_key_after_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -278,7 +280,7 @@ def chunk_additive_key_after_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -288,7 +290,7 @@ def chunk_additive_key_after_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -332,7 +334,7 @@ def chunk_additive_key_after_float32_grads_bwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_g = tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)

@@ -54,28 +54,28 @@ def chunk_additive_key_before_float32_state_fwd(
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
-        b_gT = tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
         b_h0 = b_h0 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 1 * BK:
             tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h1 = b_h1 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 2 * BK:
             tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h2 = b_h2 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 3 * BK:
             tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
             b_h3 = b_h3 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
@@ -112,7 +112,8 @@ def chunk_additive_key_before_float32_cumsum_fwd(
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_B = tl.cumsum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), axis=0)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_B = tl.cumsum(b_g, axis=0)
     tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
 
 
@@ -147,7 +148,7 @@ def chunk_additive_key_before_float32_scores_fwd(
         if USE_QS:
             b_qi = b_qi * tl.load(qs + i_h)
         b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
-        b_Ei = b_Bi - tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_Ei = b_Bi - tl.maximum(tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
         b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
         diagonal = tl.max(tl.max(b_P[None, :] - b_Bi, axis=1), axis=0) < SPAN  # the strip's own log decay (padding: <= 0)
         m_j = (o_t < (i_i + diagonal.to(tl.int32)) * BC) & m_t  # the rows the dot takes
@@ -197,9 +198,10 @@ def chunk_additive_key_before_float32_output_fwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_E = tl.load(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_E -= tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_E -= tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-    b_o = tl.dot((b_q * tl.exp(b_E)).to(b_q.dtype), b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
+    b_qd = (b_q * tl.exp(b_E)).to(b_q.dtype)
+    b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]  # the diagonal blocks hold their own mask
     b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & m_ij, other=0.)  # [BT, BT]
     b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
@@ -259,7 +261,7 @@ def chunk_additive_key_before_float32_state_bwd(
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         if USE_QS:
             b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_gT = tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         b_E = b_B - b_gT
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -269,7 +271,7 @@ def chunk_additive_key_before_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -279,7 +281,7 @@ def chunk_additive_key_before_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -289,7 +291,7 @@ def chunk_additive_key_before_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -333,7 +335,7 @@ def chunk_additive_key_before_float32_grads_bwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_g = tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B - b_g
     b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
@@ -401,7 +403,7 @@ def chunk_additive_key_before_float32_strips_bwd(
     ri = bos + i_t * BT + i_i * BC + o_c  # [BC] block i's rows
     m_ri = i_t * BT + i_i * BC + o_c < L
     b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
-    b_Ei = b_Bi - tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_Ei = b_Bi - tl.maximum(tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
     b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
     i_z = tl.minimum(i_t * BT + i_i * BC + BC, L) - 1  # block i's last real row
     b_Z = tl.load(Bc + ((bos + i_z) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
@@ -413,7 +415,7 @@ def chunk_additive_key_before_float32_strips_bwd(
         m_rj = i_t * BT + i_j * BC + o_c < L
         b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
-        b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_Ej = b_Bj - tl.maximum(tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
         b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
         b_dq += tl.dot(b_dAij, b_aj * tl.exp(b_P[None, :] - b_Bj), input_precision=ACC_PRECISION)
     b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
@@ -424,7 +426,7 @@ def chunk_additive_key_before_float32_strips_bwd(
         if USE_QS:
             b_qj = b_qj * tl.load(qs + i_h)
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
-        b_Ej = b_Bj - tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
+        b_Ej = b_Bj - tl.maximum(tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
         b_dAji = tl.load(dA + (rj[:, None] * H + i_h) * BT + (i_i * BC + o_c)[None, :], mask=m_rj[:, None], other=0.)  # [BC, BC]
         b_qd = b_qj * tl.exp(tl.where(m_rj[:, None], b_Ej - b_Z[None, :], float("-inf")))
         b_da += tl.dot(tl.trans(b_dAji), b_qd, input_precision=ACC_PRECISION)
@@ -438,7 +440,7 @@ def chunk_additive_key_before_float32_strips_bwd(
             if USE_QS:
                 b_q1 = b_q1 * tl.load(qs + i_h)
             b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
-            b_E1 = b_B1 - tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32)
+            b_E1 = b_B1 - tl.maximum(tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32), -87.3365447505531)
             b_col = tl.load(dA + (ri * H + i_h) * BT + i_i * BC + jj, mask=m_ri, other=0.)  # [BC] dA[i, jj]
             b_row = tl.load(dA + (r1 * H + i_h) * BT + i_i * BC + o_c)  # [BC] dA[jj, j]
             # dq_i += dA[i, jj] a_jj exp(E_i - B_jj) for the rows i that see jj

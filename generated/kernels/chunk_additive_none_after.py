@@ -107,7 +107,8 @@ def chunk_additive_none_after_float32_output_fwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-    b_o = tl.dot((b_q).to(b_q.dtype), b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
+    b_qd = (b_q).to(b_q.dtype)
+    b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]
     b_W = tl.where(m_ij, 1., 0.).to(tl.float32)  # [BT, BT]
     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]

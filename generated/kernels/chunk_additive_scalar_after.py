@@ -54,7 +54,7 @@ def chunk_additive_scalar_after_float32_state_fwd(
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t + 1) * BT + o_t) * H + i_h, mask=(i_t + 1) * BT + o_t < L, other=0.)
-        b_g = b_g.to(tl.float32)  # [BT]
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
         b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
         b_b = (b_b * tl.exp(b_last - b_B)[:, None]).to(b_b.dtype)
@@ -113,11 +113,12 @@ def chunk_additive_scalar_after_float32_output_fwd(
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-    b_o = tl.dot((b_q * tl.exp(b_E)[:, None]).to(b_q.dtype), b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
+    b_qd = (b_q * tl.exp(b_E)[:, None]).to(b_q.dtype)
+    b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]
     b_W = tl.exp(tl.where(m_ij, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
@@ -177,7 +178,7 @@ def chunk_additive_scalar_after_float32_state_bwd(
         b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t - 1) * BT + o_t) * H + i_h, mask=(i_t - 1) * BT + o_t >= 0, other=0.)
-        b_g = b_g.to(tl.float32)  # [BT]
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
@@ -244,7 +245,7 @@ def chunk_additive_scalar_after_float32_grads_bwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)

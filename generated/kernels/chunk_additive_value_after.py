@@ -52,7 +52,7 @@ def chunk_additive_value_after_float32_state_fwd(
         m_t = i_t * BT + o_t < L
         p_hs = hs + ((boc + i_t) * H + i_h) * K * V
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_g = tl.load(g + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)  # [BT, BV]
+        b_g = tl.maximum(tl.load(g + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BV]
         b_B = tl.cumsum(b_g, axis=0)
         b_last = tl.sum(b_g, axis=0)  # [BV]: the chunk's whole log decay (padded tokens add 0)
         b_b = b_b.to(tl.float32) * tl.exp(b_last[None, :] - b_B)
@@ -105,7 +105,8 @@ def chunk_additive_value_after_float32_cumsum_fwd(
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_B = tl.cumsum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), axis=0)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_B = tl.cumsum(b_g, axis=0)
     tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
 
 
@@ -190,7 +191,7 @@ def chunk_additive_value_after_float32_output_fwd(
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_g = tl.load(g + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)  # [BT, BV]
+    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BV]
     b_E = tl.cumsum(b_g, axis=0)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_o = tl.dot(b_q.to(tl.float32), b_h, input_precision=ACC_PRECISION) * tl.exp(b_E)  # [BT, BV]
@@ -249,7 +250,7 @@ def chunk_additive_value_after_float32_state_bwd(
         m_t = i_t * BT + o_t < L
         p_dhs = dhs + ((boc + i_t) * H + i_h) * K * V
         b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_g = tl.load(g + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)  # [BT, BV]
+        b_g = tl.maximum(tl.load(g + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BV]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # [BV]: the chunk's whole log decay (padded tokens add 0)
@@ -326,7 +327,7 @@ def chunk_additive_value_after_float32_grads_bwd(
         m_tv = m_t[:, None] & m_v[None, :]
         b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
-        b_g = tl.load(g + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)
+        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_end = tl.exp(tl.sum(b_g, axis=0)[None, :] - b_B)  # [BT, BV] each write's reach to the chunk's end

@@ -32,7 +32,7 @@ def scan_delta_scalar_after_float32_prepare_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     p_tm = tm + (t[:, None] * H + i_h) * BT + o_t[None, :]
     if SOLVE:
@@ -158,7 +158,7 @@ def scan_delta_scalar_after_float32_state_kernel(
         tl.store(u + r * V + s_tv, b_u.to(u.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t + 1) * BT + o_t) * H + i_h, mask=(i_t + 1) * BT + o_t < L, other=0.)
-        b_g = b_g.to(tl.float32)  # [BT]
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531)  # [BT]
         b_last = tl.sum(b_g, axis=0)
         b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
         b_ud = b_u * tl.exp(b_R)[:, None]  # the values decayed to the chunk's end (the header: not the keys)
@@ -213,7 +213,7 @@ def scan_delta_scalar_after_float32_output_kernel(
     m_v = o_v < V
     m_tv = m_t[:, None] & m_v[None, :]
     m_r = o_t[:, None] >= o_t[None, :]
-    b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
@@ -258,7 +258,7 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
     m_r = o_t[:, None] >= o_t[None, :]
-    b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
@@ -281,15 +281,16 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_dh_kernel(
-    q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, chunk_offsets, T, NS, dgs_block_stride,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, P: tl.constexpr,
+    q, qs, a, g, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The reverse state pass: dS at every chunk end into dh [chunks, H, K, V], dU = A^T dO + (a e^{B_last - B}) dS_end
-    into du (in place), dh0. At every segment end of P tokens it also writes sum_v dS * S (partial over this value
-    block) to dgs [NV, N, NS, H, K]. One program per (value block, sequence x head), dS as up to four key blocks
+    into du (in place), dh0. One program per (value block, sequence x head), dS as up to four key blocks
     b_h0 .. b_h3 of BK rows (K <= 4 BK), tiles through block pointers off the sequence's first row (the pass
-    holds the most registers; templates/state_blocks.jinja)."""
+    holds the most registers; templates/state_blocks.jinja). d(log decay)'s segment-end terms are bwd_dgs_kernel's,
+    in parallel after it: here they took a branch and two more state tiles per chunk (gated_deltanet on the H200:
+    this pass 962 us, deltanet's 467)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -302,7 +303,6 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     L = eos - bos
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     row0 = bos * H + i_h  # the sequence's first token, this head: rows of q, a, w, do, du are H apart
     q += row0 * K
     a += row0 * K
@@ -334,41 +334,9 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 3 * BK:
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh.dtype.element_ty), boundary_check=(0, 1))
-        if ((i_t + 1) * BT) % P == 0 or (i_t + 1) * BT >= L:  # a segment's end: its whole-decay term, dS as stored
-            last = (i_t + 1) * BT >= L  # the final state (ht, float32), else the next chunk's start (h)
-            p_ht = ht + i_nh.to(tl.int64) * K * V
-            p_next = h + ((c0 + i_t + 1) * H + i_h) * K * V
-            p_dgs = dgs + i_v.to(tl.int64) * dgs_block_stride + ((i_n.to(tl.int64) * NS + (i_t * BT) // P) * H + i_h) * K
-            if last:
-                b_end = tl.load(tl.make_block_ptr(p_ht, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-            else:
-                b_end = tl.load(tl.make_block_ptr(p_next, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-            b_dS = b_h0.to(dh.dtype.element_ty).to(tl.float32)
-            tl.store(p_dgs + 0 + o_k, tl.sum(b_dS * b_end, axis=1), mask=(o_k < K))
-            if K > 1 * BK:
-                if last:
-                    b_end = tl.load(tl.make_block_ptr(p_ht, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-                else:
-                    b_end = tl.load(tl.make_block_ptr(p_next, (K, V), (V, 1), (1 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-                b_dS = b_h1.to(dh.dtype.element_ty).to(tl.float32)
-                tl.store(p_dgs + 1 * BK + o_k, tl.sum(b_dS * b_end, axis=1), mask=(o_k < K - 1 * BK))
-            if K > 2 * BK:
-                if last:
-                    b_end = tl.load(tl.make_block_ptr(p_ht, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-                else:
-                    b_end = tl.load(tl.make_block_ptr(p_next, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-                b_dS = b_h2.to(dh.dtype.element_ty).to(tl.float32)
-                tl.store(p_dgs + 2 * BK + o_k, tl.sum(b_dS * b_end, axis=1), mask=(o_k < K - 2 * BK))
-            if K > 3 * BK:
-                if last:
-                    b_end = tl.load(tl.make_block_ptr(p_ht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-                else:
-                    b_end = tl.load(tl.make_block_ptr(p_next, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
-                b_dS = b_h3.to(dh.dtype.element_ty).to(tl.float32)
-                tl.store(p_dgs + 3 * BK + o_k, tl.sum(b_dS * b_end, axis=1), mask=(o_k < K - 3 * BK))
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t - 1) * BT + o_t) * H + i_h, mask=(i_t - 1) * BT + o_t >= 0, other=0.)
-        b_g = b_g.to(tl.float32)  # [BT]
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)
@@ -431,6 +399,50 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
 
 
 @triton.jit(do_not_specialize=["T"])
+def scan_delta_scalar_after_float32_bwd_dgs_kernel(
+    h, ht, dh, dgs, cu_seqlens, chunk_offsets, T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, P: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    """d(log decay)'s whole-decay term of each segment of P tokens: sum_v dS_end * S_end [K] at its end, dS as the
+    reverse pass stored it (dh), S_end the state entering the next chunk (h), or the final one (ht, float32) at the
+    sequence's end, into dgs [N, NS, H, K]. One program per (segment, sequence x head); BK: all key rows."""
+    i_s, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // H, i_nh % H
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+        c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
+    L = eos - bos
+    if i_s * P >= L:
+        return
+    end = tl.minimum((i_s + 1) * P, L)  # the segment's last token + 1
+    i_t = tl.cdiv(end, BT) - 1  # the chunk it ends in
+    last = end >= L
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    p_dS = dh + ((c0 + i_t) * H + i_h) * K * V
+    p_ht = ht + i_nh.to(tl.int64) * K * V
+    p_next = h + ((c0 + i_t + 1) * H + i_h) * K * V
+    b_x = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(0, tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        p = o_k[:, None] * V + o_v[None, :]
+        m = m_k[:, None] & (o_v < V)[None, :]
+        b_dS = tl.load(p_dS + p, mask=m, other=0.).to(tl.float32)
+        if last:
+            b_end = tl.load(p_ht + p, mask=m, other=0.).to(tl.float32)
+        else:
+            b_end = tl.load(p_next + p, mask=m, other=0.).to(tl.float32)
+        b_x += tl.sum(b_dS * b_end, axis=1)
+    tl.store(dgs + ((i_n.to(tl.int64) * tl.num_programs(0) + i_s) * H + i_h) * K + o_k, b_x, mask=m_k)
+
+
+@triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_grad_kernel(
     q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -469,7 +481,7 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
-    b_g = tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B

@@ -108,4 +108,4 @@ def forward(call, scan):
     o_diag = block_attention(q, k, v, scale, K, call.cu_seqlens, attention_dtype(call))  # [B, T, H, V]: causal softmax attention in blocks of K
     t43 = o_lln + o_diag  # [B, T, H, V]
     o = t43 / 2.0  # [B, T, H, V]
-    return o, [S, z]
+    return o.to(call.out_dtype), [S, z]

@@ -1,9 +1,9 @@
 """lln's scans on the generated Triton kernels: the package's one point of contact with them.
 
 The kernels in kernels/ are rendered from lamixer's templates for this spec's classification and run
-as lamixer's triton backend runs them: chunk_additive_none_after for training and long sequences;
-recurrent_additive_none_after for inference on sequences of at most 64 tokens (decoding). Their host
-code is kernels/host*.py.
+as lamixer's triton backend runs them: chunk_additive_none_after_ones for training and long
+sequences; recurrent_additive_none_after for inference on sequences of at most 64 tokens (decoding).
+Their host code is kernels/host*.py.
 """
 from __future__ import annotations
 

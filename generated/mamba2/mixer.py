@@ -95,4 +95,4 @@ def forward(call, scan):
     )
     t23 = D[..., None] * x  # [B, T, H, P]
     y = S_read + t23  # [B, T, H, P]
-    return y, [S]
+    return y.to(call.out_dtype), [S]

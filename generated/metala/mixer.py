@@ -88,4 +88,4 @@ def forward(call, scan):
         chunk=8,
     )
     o = S_read + augment  # [B, T, H, V]
-    return o, [S]
+    return o.to(call.out_dtype), [S]

@@ -135,8 +135,8 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
 
 
 
-def _block_attention(q, k, v, size: int) -> torch.Tensor:
-    """Causal softmax attention (q already scaled) within blocks of `size` tokens of one sequence: [B, T, H, D] ->
+def _block_attention(q, k, v, size: int, scale: float) -> torch.Tensor:
+    """Causal softmax attention (scores times `scale`) within blocks of `size` tokens of one sequence: [B, T, H, D] ->
     [B, T, H, Dv]. Each block is one batch row of torch's scaled_dot_product_attention (a fused kernel on a GPU: no
     scores kept)."""
     B, T, H, _ = q.shape
@@ -147,7 +147,7 @@ def _block_attention(q, k, v, size: int) -> torch.Tensor:
         x = F.pad(x, (0, 0, 0, 0, 0, nb * size - T)) if nb * size != T else x
         return x.reshape(B * nb, size, H, x.shape[-1]).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), is_causal=True, scale=1.0)  # [B * nb, H, size, Dv]
+    out = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), is_causal=True, scale=scale)  # [B * nb, H, size, Dv]
     return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
 
 
@@ -184,6 +184,10 @@ class ScanOperands:
     # KeyForms of a ("a"), c ("c") and the queries ("q0", ..: norm only; their factors are query_factors), when the
     # scan's implementation finishes them (the recurrent kernel's; no others are given any)
     forms: dict[str, KeyForm] = field(default_factory=dict)
+    # a normaliser's initial state [N, H, K]: a vector state written with the same keys, decay and queries, the scan
+    # with a value column of ones; given only to an implementation that takes one (scan.normaliser), which then
+    # returns (reads, final state, the normaliser's reads, its final state)
+    z0: torch.Tensor | None = None
 
 
 def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -236,29 +240,39 @@ def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_s
     B, T, H = shape
     K = h0[0].shape[2]
     a = _operand(key, B, T, H, K)
-    if len(values) == 1:  # the common case: one state, nothing to concatenate
-        b = a.new_ones(B, T, H, 1) if values[0] is None else _operand(values[0], B, T, H, h0[0].shape[3])
-        h = h0[0].unsqueeze(-1) if values[0] is None else h0[0]
+    # a vector state beside matrix states rides along as the scan's normaliser when the implementation takes one
+    vectors = [i for i, v in enumerate(values) if v is None]
+    takes = getattr(getattr(scan, "func", scan), "normaliser", False)  # (scan may be a functools.partial)
+    normaliser = vectors[0] if len(vectors) == 1 and len(values) > 1 and takes else None
+    order = [i for i in range(len(values)) if i != normaliser]  # side by side, in this order
+    if len(order) == 1:  # the common case: one state, nothing to concatenate
+        (i,) = order
+        b = a.new_ones(B, T, H, 1) if values[i] is None else _operand(values[i], B, T, H, h0[i].shape[3])
+        h = h0[i].unsqueeze(-1) if values[i] is None else h0[i]
     else:
-        b = torch.cat([a.new_ones(B, T, H, 1) if v is None else _operand(v, B, T, H, s.shape[3]) for v, s in zip(values, h0)], -1)
-        h = torch.cat([s.unsqueeze(-1) if v is None else s for v, s in zip(values, h0)], -1)
+        b = torch.cat([a.new_ones(B, T, H, 1) if values[i] is None else _operand(values[i], B, T, H, h0[i].shape[3]) for i in order], -1)
+        h = torch.cat([h0[i].unsqueeze(-1) if values[i] is None else h0[i] for i in order], -1)
     operands = ScanOperands(
         a, b, _operand(erase, B, T, H, K), _operand(log_decay, B, T, H), side,
         [(_operand(q, B, T, H, K), decayed, written) for q, decayed, written in reads],
         query_factors or [None] * len(reads), h, cu_seqlens, chunk, forms or {},
+        z0=h0[normaliser] if normaliser is not None else None,
     )  # fmt: skip
-    outs, S = scan(operands)
-    if len(values) == 1:  # the common case, without slicing
-        if values[0] is None:
-            return [[o.squeeze(-1) for o in outs]], [S.squeeze(-1)]
-        return [outs], [S]
-    read_parts, finals, lo = [], [], 0
-    for v, s in zip(values, h0):
-        width = 1 if v is None else s.shape[3]
+    outs, S, *z = scan(operands)
+    read_parts, finals = [None] * len(values), [None] * len(values)
+    if normaliser is not None:
+        read_parts[normaliser], finals[normaliser] = z
+    if len(order) == 1:  # the common case, without slicing
+        (i,) = order
+        read_parts[i], finals[i] = ([o.squeeze(-1) for o in outs], S.squeeze(-1)) if values[i] is None else (outs, S)
+        return read_parts, finals
+    lo = 0
+    for i in order:
+        width = 1 if values[i] is None else h0[i].shape[3]
         parts = [o[..., lo : lo + width] for o in outs] + [S[..., lo : lo + width]]
-        parts = [p.squeeze(-1) for p in parts] if v is None else parts
-        read_parts.append(parts[:-1])
-        finals.append(parts[-1])
+        parts = [p.squeeze(-1) for p in parts] if values[i] is None else parts
+        read_parts[i] = parts[:-1]
+        finals[i] = parts[-1]
         lo += width
     return read_parts, finals
 
@@ -280,12 +294,14 @@ def attention_dtype(call) -> torch.dtype | None:
 
 def block_attention(q, k, v, scale, size: int, cu_seqlens=None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Causal softmax attention within blocks of `size` tokens of every sequence: [B, T, H, D] -> [B, T, H, Dv],
-    computed in `dtype` when given, returned in q's."""
+    computed in `dtype` when given, returned in q's. A number `scale` goes to the attention kernel itself; a tensor
+    one (an expression of the call) multiplies q first."""
     out = q.dtype
-    q = q * torch.as_tensor(scale, dtype=q.dtype, device=q.device).reshape(())
+    if isinstance(scale, torch.Tensor):
+        q, scale = q * scale.to(q.dtype).reshape(()), 1.0
     if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    return torch.cat(per_sequence(lambda *x: _block_attention(*x, size), cu_seqlens, q, k, v), 1).to(out)
+    return torch.cat(per_sequence(lambda *x: _block_attention(*x, size, float(scale)), cu_seqlens, q, k, v), 1).to(out)
 
 
 def stat(fn: str, x: torch.Tensor, groups: tuple[str, ...], cu_seqlens=None) -> torch.Tensor:

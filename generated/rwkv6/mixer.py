@@ -87,4 +87,4 @@ def forward(call, scan):
     t24 = (t7 * t8).sum(-1)  # [B, T, H]
     t25 = t24[..., None] * v  # [B, T, H, V]
     o = S_read + t25  # [B, T, H, V]
-    return o, [S]
+    return o.to(call.out_dtype), [S]

@@ -199,7 +199,15 @@ class _Evaluator:
         size = self.nodes[n]["size"]
         size = size if isinstance(size, int) else self.call.sizes[size]
         call = self.call
-        return block_attention(self.full(q), self.full(k), self.full(v), self.env[scale], size, call.cu_seqlens, attention_dtype(call))
+        number = call.scale if self.nodes[scale]["op"] == "scale" else None  # the attention kernel scales by a number itself
+        dtype = attention_dtype(call)
+
+        def operand(n: int) -> torch.Tensor:  # an input already in the attention's dtype goes as the caller gave it
+            x = call.inputs.get(self.nodes[n]["name"]) if self.nodes[n]["op"] == "input" else None
+            return x if x is not None and x.dtype == dtype and x.dim() == 4 else self.full(n)
+
+        return block_attention(operand(q), operand(k), operand(v), self.env[scale] if number is None else number, size,
+                               call.cu_seqlens, dtype).to(call.compute_dtype)  # fmt: skip
 
     def operand(self, n: int | None) -> torch.Tensor | None:
         """A scan operand: a node's value, or a direct operand's input tensor (its form left to the kernel)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import math
 import os
 import tempfile
 from importlib import resources
@@ -62,11 +63,20 @@ def launch_problems(device: torch.device) -> list[str]:
     return [f"the inputs are on {device}, and the kernels run on CUDA tensors (on the CPU under TRITON_INTERPRET=1)"]
 
 
+def log_floor(acc: str) -> str:
+    """The least log decay the kernels take (a literal): the log of the accumulator's smallest normal number. They
+    difference cumulative log decays, and a decay of exactly 0 (log -inf: a gate that reaches 0) made -inf - -inf
+    NaN; floored, its factor exp(floor) is 0 to float precision and differences of the sums stay finite."""
+    return repr(math.log(torch.finfo(getattr(torch, acc)).tiny))
+
+
 @functools.cache
 def _environment() -> jinja2.Environment:
     root = resources.files("lamixer").joinpath("templates")
-    return jinja2.Environment(loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
-                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)  # fmt: skip
+    env = jinja2.Environment(loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True)  # fmt: skip
+    env.globals["log_floor"] = log_floor
+    return env
 
 
 def cache_dir() -> Path:
@@ -79,9 +89,13 @@ def _digest(source: str) -> str:
     return hashlib.sha256(f"{TEMPLATE_VERSION}\n{source}".encode()).hexdigest()[:16]
 
 
+def config_name(family: str, config: dict) -> str:
+    """<family>_<config values>, a flag set to True by its name (ones): the kernels' names, and their module's."""
+    return "_".join([family, *(k if v is True else str(v) for k, v in config.items())])
+
+
 def render(family: str, **config) -> str:
-    name = f"{family}_" + "_".join(str(v) for v in config.values())
-    return _environment().get_template(f"{family}.py.jinja").render(name=name, **config)
+    return _environment().get_template(f"{family}.py.jinja").render(name=config_name(family, config), **config)
 
 
 @functools.cache
@@ -98,7 +112,7 @@ def kernels(family: str, **config):
     spec = importlib.util.spec_from_file_location(f"lamixer_kernels_{family}_{digest}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.NAME = f"{family}_" + "_".join(str(v) for v in config.values())
+    module.NAME = config_name(family, config)
     return module
 
 
@@ -179,14 +193,17 @@ PRECISION = "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 re
 
 
 def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
-                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str,
-                   cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on chunk_additive's kernels.
+                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
+                   z0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on chunk_additive's kernels; with z0
+    [N, H, K] also the normaliser z_t = exp(g_t) z_{t-1} + a_t, oz_t = (qs_h q_t) . z_read(t) (the template's ones).
 
-    Returns (o, final state, hs: the state entering each chunk, A: each chunk's scores under a decay along
-    the key or value dim, else empty); the last two are kept for the backward. cfg: an autotune.Config as a list.
-    Under a decay along the value dim o is float32, as the states are (the template's header)."""
-    mod = kernels("chunk_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+    Returns (o, final state, oz, final z, hs: the state entering each chunk, A: each chunk's scores under a decay
+    along the key or value dim, else empty, zs: z entering each chunk); the last three are kept for the backward,
+    the normaliser's are empty without z0. cfg: an autotune.Config as a list. Under a decay along the value dim o
+    is float32, as the states are (the template's header)."""
+    ones = z0 is not None
+    mod = kernels("chunk_additive", decay=decay, read=read, **({"ones": True} if ones else {}), acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -197,12 +214,16 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
     hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay), device=b.device)
     A = torch.empty(B, T, H, c.BT if decay in STRIP_DECAYS else 0, dtype=h0.dtype, device=b.device)
+    oz = torch.empty(B, T, H, dtype=b.dtype, device=b.device) if ones else b.new_empty(0)
+    zt = torch.empty(N, H, K, dtype=h0.dtype, device=b.device) if ones else h0.new_empty(0)
+    zs = torch.empty(NC, H, K, dtype=h0.dtype, device=b.device) if ones else h0.new_empty(0)
+    z = (z0, zs, zt) if ones else ()
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     precise = dict(ACC_PRECISION=_acc_precision(h0.dtype, FLOAT32_DOTS)) if per_value else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_fwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
-            a, b, g, h0, hs, ht, cu_seqlens, offsets, T, BV=c.BW, KB=KB, STORE_HT=True, num_warps=4,
+            a, b, g, h0, hs, ht, *z, cu_seqlens, offsets, T, BV=c.BW, KB=KB, STORE_HT=True, num_warps=4,
             num_stages=state_stages(a.dtype, K), **dict(common, BK=BK), **precise,
         )  # fmt: skip
     if NC * H and per_value:  # the output through the entering states, then the chunk's writes (the template's header)
@@ -221,31 +242,39 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
                 q, qs, a, g, Bc, A, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), USE_QS=qs is not None,
                 num_warps=8, num_stages=1, **common)  # fmt: skip
         getattr(mod, f"{mod.NAME}_output_fwd")[(triton_cdiv(V, c.BV), NC, H)](
-            q, qs, a, b, g, Bc, A, hs, o, cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None, num_warps=c.num_warps,
-            num_stages=c.num_stages, **common)  # fmt: skip
-    return o, ht, hs, A
+            q, qs, a, b, g, Bc, A, hs, o, *((zs, oz) if ones else ()), cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None,
+            num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+    if ones and N * H and NC * H == 0:  # no chunks (T = 0): z passes through
+        zt.copy_(z0)
+    return o, ht, oz, zt, hs, A, zs
 
 
 chunk_scan = torch.library.custom_op("lamixer::chunk_scan", _chunk_forward, mutates_args=())
 
 
 @chunk_scan.register_fake
-def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg):
+def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0=None):
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     BT = Config.from_list(cfg).BT
     NC = B * triton_cdiv(T, BT) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
+    ones = z0 is not None
     return (b.new_empty(B, T, H, V, dtype=h0.dtype if decay == "value" else b.dtype), h0.new_empty(N, H, K, V),
+            b.new_empty(B, T, H) if ones else b.new_empty(0), h0.new_empty(N, H, K) if ones else h0.new_empty(0),
             a.new_empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay)),
-            h0.new_empty(B, T, H, BT if decay in STRIP_DECAYS else 0))  # fmt: skip
+            h0.new_empty(B, T, H, BT if decay in STRIP_DECAYS else 0), h0.new_empty(NC, H, K) if ones else h0.new_empty(0))  # fmt: skip
 
 
 def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
                         h0: torch.Tensor, cu_seqlens: torch.Tensor | None, hs: torch.Tensor, A: torch.Tensor, do: torch.Tensor,
-                        dht: torch.Tensor, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, da, db, dg, dh0) of chunk_scan; dg is empty without a decay."""
-    mod = kernels("chunk_additive", decay=decay, read=read, acc=_ACC[h0.dtype])
+                        dht: torch.Tensor, decay: str, read: str, cfg: list[int], zs: torch.Tensor | None = None,
+                        doz: torch.Tensor | None = None, dzt: torch.Tensor | None = None,
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dg, dh0, dz0) of chunk_scan; dg is empty without a decay, dz0 without a normaliser (zs, doz, dzt:
+    its states entering each chunk, the gradients of its output and final state)."""
+    ones = zs is not None
+    mod = kernels("chunk_additive", decay=decay, read=read, **({"ones": True} if ones else {}), acc=_ACC[h0.dtype])
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -257,16 +286,23 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dh0 = torch.empty_like(h0)
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
+    if ones:
+        doz, dzt = doz.contiguous(), dzt.contiguous()
+        dzs, dz0 = torch.empty_like(zs), torch.empty_like(dzt)
+    else:
+        dz0 = h0.new_empty(0)
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=_pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     precise = dict(ACC_PRECISION=_acc_precision(acc, FLOAT32_DOTS)) if decay == "value" else {}  # float32 states' dots
     if N * H:
         BK, KB = walk_key_blocks(c, K)
         getattr(mod, f"{mod.NAME}_state_bwd")[(triton_cdiv(V, c.BW), N * H, triton_cdiv(K, KB))](
-            q, qs, g, do, dht, dhs, dh0, cu_seqlens, offsets, T, BV=c.BW, KB=KB, num_warps=4,
+            q, qs, g, do, dht, dhs, dh0, *((doz, dzt, dzs, dz0) if ones else ()), cu_seqlens, offsets, T, BV=c.BW, KB=KB, num_warps=4,
             num_stages=state_stages(q.dtype, K), **dict(common, BK=BK), **precise,
         )  # fmt: skip
     if NC * H == 0:
-        return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0
+        if ones and N * H:
+            dz0.copy_(dzt)
+        return dq.zero_(), da.zero_(), db.zero_(), dg.zero_(), dh0, dz0
     grads = getattr(mod, f"{mod.NAME}_grads_bwd")
     if decay == "value":  # the template's header: the key dim's strip kernels with the roles turned
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
@@ -289,8 +325,9 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         dq_part, da_part = torch.empty(B, T, H, K, dtype=acc, device=a.device), torch.empty(B, T, H, K, dtype=acc, device=a.device)
         dA = torch.empty(B, T, H, c.BT, dtype=acc, device=a.device)
         dgs = torch.empty(NC, H, K, dtype=acc, device=a.device)
-        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq_part, da_part, db, None, dA, dgs, cu_seqlens, indices, T,
-                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq_part, da_part, db, None, dA, dgs, *((zs, dzs, doz) if ones else ()),
+                          cu_seqlens, indices, T, BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages,
+                          **common)  # fmt: skip
         Bc = _chunk_cumsum(mod, g, cu_seqlens, indices, NC, c.BT)
         getattr(mod, f"{mod.NAME}_strips_bwd")[(c.BT // STRIP, NC, H)](
             q, qs, a, g, Bc, dA, dq_part, da_part, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), num_warps=4,
@@ -299,43 +336,50 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
             q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
     else:
-        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, None, None, cu_seqlens, indices, T,
-                          BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
-    return dq, da, db, dg, dh0
+        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, None, None, *((zs, dzs, doz) if ones else ()),
+                          cu_seqlens, indices, T, BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages,
+                          **common)  # fmt: skip
+    return dq, da, db, dg, dh0, dz0
 
 
 chunk_scan_backward = torch.library.custom_op("lamixer::chunk_scan_backward", _chunk_backward_impl, mutates_args=())
 
 
 @chunk_scan_backward.register_fake
-def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg):
-    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0), torch.empty_like(h0)
+def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg, zs=None, doz=None, dzt=None):
+    return (torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0),
+            torch.empty_like(h0), torch.empty_like(dzt) if zs is not None else h0.new_empty(0))  # fmt: skip
 
 
-def _chunk_save(ctx, inputs, hs, A) -> None:
-    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg = inputs
+def _chunk_save(ctx, inputs, hs, A, zs) -> None:
+    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0 = inputs
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A)
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, zs if z0 is not None else None)
     ctx.config = (decay, read, cfg)
 
 
-def _chunk_grads(ctx, do, dht, backward) -> tuple:
+def _chunk_grads(ctx, do, dht, doz, dzt, backward) -> tuple:
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
-    q, qs, a, b, g, h0, cu_seqlens, hs, A = ctx.saved_tensors
+    q, qs, a, b, g, h0, cu_seqlens, hs, A, zs = ctx.saved_tensors
     if do is None:  # the output's dtype: float32 under a decay along the value dim
         do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=h0.dtype if ctx.config[0] == "value" else b.dtype, device=b.device)
     if dht is None:
         dht = torch.zeros_like(h0)
-    dq, da, db, dg, dh0 = backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config)
-    return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None
+    normaliser = ()
+    if zs is not None:
+        doz = torch.zeros(a.shape[:3], dtype=b.dtype, device=b.device) if doz is None else doz
+        dzt = h0.new_zeros(h0.shape[:3]) if dzt is None else dzt
+        normaliser = (zs, doz, dzt)
+    dq, da, db, dg, dh0, dz0 = backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config, *normaliser)
+    return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None, dz0 if zs is not None else None
 
 
 def _chunk_setup_context(ctx, inputs, output):
-    ctx.mark_non_differentiable(output[2], output[3])
-    _chunk_save(ctx, inputs, output[2], output[3])
+    ctx.mark_non_differentiable(*output[4:])
+    _chunk_save(ctx, inputs, *output[4:])
 
 
-chunk_scan.register_autograd(lambda ctx, do, dht, _dhs, _dA: _chunk_grads(ctx, do, dht, chunk_scan_backward),
+chunk_scan.register_autograd(lambda ctx, do, dht, doz, dzt, *_: _chunk_grads(ctx, do, dht, doz, dzt, chunk_scan_backward),
                              setup_context=_chunk_setup_context)  # fmt: skip
 
 
@@ -344,30 +388,31 @@ class _EagerChunkScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *inputs):
-        o, ht, hs, A = _chunk_forward(*inputs)
-        _chunk_save(ctx, inputs, hs, A)
-        return o, ht
+        o, ht, oz, zt, hs, A, zs = _chunk_forward(*inputs)
+        _chunk_save(ctx, inputs, hs, A, zs)
+        return o, ht, oz, zt
 
     @staticmethod
-    def backward(ctx, do, dht):
-        return _chunk_grads(ctx, do, dht, _chunk_backward_impl)
+    def backward(ctx, do, dht, doz, dzt):
+        return _chunk_grads(ctx, do, dht, doz, dzt, _chunk_backward_impl)
 
 
-def run_scan_op(op, eager, forward, args: tuple, differentiable: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, final state) of a scan's kernels: through the custom op `op` when torch.compile traces, through `eager`
-    (an autograd.Function doing the same without the op's dispatch) when one of `differentiable` needs a gradient,
-    else straight to `forward` (the op's implementation)."""
+def run_scan_op(op, eager, forward, args: tuple, differentiable: tuple, n: int = 2) -> tuple[torch.Tensor, ...]:
+    """The first n outputs (o, final state, ..) of a scan's kernels: through the custom op `op` when torch.compile
+    traces, through `eager` (an autograd.Function doing the same without the op's dispatch, returning those n) when
+    one of `differentiable` needs a gradient, else straight to `forward` (the op's implementation)."""
     if torch.compiler.is_compiling():
-        return op(*args)[:2]
+        return op(*args)[:n]
     if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in differentiable):
         return eager.apply(*args)
-    return forward(*args)[:2]
+    return forward(*args)[:n]
 
 
-def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, final state) on chunk_additive's kernels."""
-    args = (q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg)
-    return run_scan_op(chunk_scan, _EagerChunkScan, _chunk_forward, args, (q, a, b, g, h0))
+def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int],
+                   z0: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(o, final state, oz, final z) on chunk_additive's kernels (the last two empty without a normaliser z0)."""
+    args = (q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0)
+    return run_scan_op(chunk_scan, _EagerChunkScan, _chunk_forward, args, (q, a, b, g, h0, z0), n=4)
 
 
 def state_key_block(K: int) -> int:
@@ -446,9 +491,14 @@ def triton_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tenso
     h0 = ops.h0.to(acc).contiguous()
     qs = qs.to(acc).contiguous() if qs is not None else None
     read = _read_mode(decayed, written)
-    config = scan_config(decay, read, _ACC[acc], dtype, a.shape[0], a.shape[1], a.shape[2], a.shape[3], b.shape[3], a.device)
-    o, ht = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list())
-    return [o], ht
+    config = scan_config(decay, read, _ACC[acc], dtype, a.shape[0], a.shape[1], a.shape[2], a.shape[3], b.shape[3], a.device,
+                         ones=ops.z0 is not None)  # fmt: skip
+    z0 = ops.z0.to(acc).contiguous() if ops.z0 is not None else None
+    o, ht, oz, zt = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list(), z0)
+    return ([o], ht) if z0 is None else ([o], ht, [oz], zt)
+
+
+triton_scan.normaliser = True  # takes ScanOperands.z0 (runtime.scan.scan_group)
 
 
 # configurations chosen in this process, so a call pays for the cache lookup once per shape
@@ -459,11 +509,13 @@ CONFIG_OVERRIDE: Config | None = None  # set by the autotuner while it times a c
 OVERRIDE_FAMILY: str | None = None  # the template family the override is for (None: every family)
 
 
-def kernel_hash(decay: str, read: str, acc: str) -> str:
-    return _digest(render(FAMILY, decay=decay, read=read, acc=acc))
+def kernel_hash(decay: str, read: str, acc: str, ones: bool = False) -> str:
+    """The hash of the chunk kernels' source (ones: the form carrying a normaliser), on which tuned entries key."""
+    return _digest(render(FAMILY, decay=decay, read=read, **({"ones": True} if ones else {}), acc=acc))
 
 
-def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, default, hash_of, usable=lambda c: True) -> Config:
+def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, default, hash_of, usable=lambda c: True,
+                  variant: tuple = ()) -> Config:  # fmt: skip
     """The tuned configuration of family `fam`'s kernels for this GPU, dtype and shape bucket, else default(decay,
     K, V); never a search. The autotuner's override applies to its family when usable(override).
 
@@ -473,7 +525,7 @@ def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, defa
     calls last chose for these head dims, else the default."""
     if CONFIG_OVERRIDE is not None and OVERRIDE_FAMILY in (None, fam) and usable(CONFIG_OVERRIDE):
         return CONFIG_OVERRIDE
-    dims = (fam, decay, read, acc, dtype, K, V, str(device))
+    dims = (fam, decay, read, acc, dtype, K, V, str(device), *variant)
     bucket = shape_bucket(B, T, H, K, V) if all(isinstance(n, int) for n in (B, T, H, K, V)) else None  # None: symbolic
     if torch.compiler.is_compiling():
         found = _chosen.get((*dims, bucket)) if bucket is not None else None
@@ -487,9 +539,10 @@ def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, defa
     return _chosen[key]
 
 
-def scan_config(decay, read, acc, dtype, B, T, H, K, V, device) -> Config:
-    """The additive kernels' configuration (choose_config)."""
-    return choose_config(FAMILY, decay, read, acc, dtype, B, T, H, K, V, device, default_config, kernel_hash)
+def scan_config(decay, read, acc, dtype, B, T, H, K, V, device, ones: bool = False) -> Config:
+    """The additive kernels' configuration (choose_config); ones: of their form carrying a normaliser."""
+    return choose_config(FAMILY, decay, read, acc, dtype, B, T, H, K, V, device, default_config,
+                         lambda d, r, a: kernel_hash(d, r, a, ones), variant=("ones",) if ones else ())  # fmt: skip
 
 
 def direct_operands(compiled: Compiled, call: Call, finished: bool = False) -> dict[int, Direct]:
@@ -572,7 +625,10 @@ def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor
 
 
 def _evaluate(call: Call, compiled: Compiled, scan_impl, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    return torch_backend.run(compiled, call, scan_impl, direct, prog)
+    """The evaluation fuse.run compiles, o already in the caller's dtype: the cast then fuses into the last per-token
+    kernel, where after it was a pass of its own each way (lln on the H200: 95 us of a 2.1 ms forward)."""
+    o, finals = torch_backend.run(compiled, call, scan_impl, direct, prog)
+    return o.to(call.out_dtype), finals
 
 
 def _choices(compiled: Compiled, call: Call, interpreted: bool) -> tuple:

@@ -19,7 +19,12 @@ from .torch import ScanOperands
 
 FAMILY = "scan_delta"
 SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
-KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_grad_kernel")
+KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_dgs_kernel", "bwd_grad_kernel")
+
+
+def kernel_names(decay: str) -> list[str]:
+    """The kernels a delta scan with this decay renders, in launch order (no decay: no d(log decay) terms)."""
+    return [k for k in KERNELS if decay != "none" or k != "bwd_dgs_kernel"]
 CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
 # the solve's float32 products when every use of T rounds it to the inputs' half type (templates/scan_delta.py.jinja)
 SOLVE_HALF = "tf32"
@@ -161,15 +166,20 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
     du = torch.empty(B, T, H, V, dtype=acc, device=a.device)
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, do, du, cu_seqlens, indices, T, **common)
-    longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-    NS = tb.triton_cdiv(longest, SEGMENT)
-    dgs = torch.empty(NV, N, NS, H, K, dtype=acc, device=a.device) if decay != "none" else None
     dh = torch.empty_like(h)
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
-        q, qs, a, g, w, do, du, h, ht, dht, dh, dh0, dgs, cu_seqlens, offsets, T, NS, N * NS * H * K,
-        P=SEGMENT, USE_DHT=True, **dict(common, BV=BW, BK=tb.state_key_block(K), num_stages=tb.state_stages(w.dtype, K)),
+        q, qs, a, g, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
+        USE_DHT=True, **dict(common, BV=BW, BK=tb.state_key_block(K), num_stages=tb.state_stages(w.dtype, K)),
     )  # fmt: skip
+    dgs = None
+    if decay != "none":
+        longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        NS = tb.triton_cdiv(longest, SEGMENT)
+        dgs = torch.empty(N, NS, H, K, dtype=acc, device=a.device)
+        getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(NS, N * H)](
+            h, ht, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=_pow2(K), BV=min(32, _pow2(V)),
+            P=SEGMENT, IS_VARLEN=cu_seqlens is not None, num_warps=4)  # fmt: skip
     dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
     NK = tb.triton_cdiv(K, shapes["BK"])
     x_shape = (B, T, H, K) if decay == "key" else (NK, B, T, H)  # d(log decay)'s terms (the kernel's docstring)
@@ -203,12 +213,11 @@ def _decay_grad(xq, xr, dgs, cu, read, decay, out_dtype) -> torch.Tensor:
     kernel's terms xq = q * dq and xr = c * dc - a * da (float32, before dq, da, dc were rounded; c the erase key,
     which sees the decay as a query after it does; a scalar decay's summed per key block, [NK, B, T, H]): within the
     token's segment of SEGMENT tokens, the suffix sum of xq (at the read's position) + xr, plus the segment's
-    whole-decay term sum dS_end * S_end over the value dim (dgs [NV, N, NS, H, K], per value block).
+    whole-decay term sum dS_end * S_end over the value dim (dgs [N, NS, H, K]).
 
     Summing only within segments keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
     backward op runs this under torch.compile (runtime/fuse.py: function) for unpacked sequences.
     """
-    dgs = dgs.sum(0)
     if decay == "scalar":
         xq, xr, dgs = xq.sum(0).unsqueeze(-1), xr.sum(0).unsqueeze(-1), dgs.sum(-1, keepdim=True)
     B, T = xq.shape[:2]

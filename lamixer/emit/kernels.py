@@ -50,6 +50,32 @@ def chunk_configs(compiled: Compiled) -> list[tuple[str, str, str]]:
     return sorted({chunk_config(s) for s in compiled.classification.scans})
 
 
+def normalisers(compiled: Compiled) -> set[str]:
+    """The vector states the chunk kernels carry as a normaliser of the scan they are fusable with (one vector state
+    beside matrix states: runtime.scan.scan_group, chunk_additive's `ones`)."""
+    found = set()
+    for group in compiled.plan.fusable:
+        vectors = [st for st in group if compiled.classification.scan(st).value_dim is None]
+        if len(vectors) == 1 and len(group) > 1:
+            found.add(vectors[0])
+    return found
+
+
+def chunk_modules(compiled: Compiled) -> list[str]:
+    """The chunk kernel modules a spec trains on, by name: <template>_<decay>_<read>, with _ones where the scan
+    carries a normaliser (whose own scan then runs on none of its own)."""
+    if unsupported(compiled):
+        return []
+    carried = normalisers(compiled)
+    names = set()
+    for s in compiled.classification.scans:
+        if s.state in carried:
+            continue
+        group = next((g for g in compiled.plan.fusable if s.state in g), (s.state,))
+        names.add("_".join(chunk_config(s)) + ("_ones" if carried & set(group) else ""))
+    return sorted(names)
+
+
 def recurrent_configs(compiled: Compiled) -> list[tuple[str, str, str]]:
     """The (rule, decay, reads) recurrent kernel configurations a spec's scans decode on (empty for a scan without reads)."""
     scans = compiled.classification.scans
@@ -60,7 +86,7 @@ def recurrent_configs(compiled: Compiled) -> list[tuple[str, str, str]]:
 
 def configs(compiled: Compiled) -> list[str]:
     """The rendered kernel modules a spec runs on, by module name: its chunk kernels, then its recurrent ones."""
-    return [f"{t}_{d}_{r}" for t, d, r in chunk_configs(compiled)] + [f"recurrent_{'_'.join(c)}" for c in recurrent_configs(compiled)]
+    return chunk_modules(compiled) + [f"recurrent_{'_'.join(c)}" for c in recurrent_configs(compiled)]
 
 
 def kernel_module(name: str) -> str:
@@ -68,8 +94,9 @@ def kernel_module(name: str) -> str:
     if name.startswith("recurrent_"):
         rule, decay, reads = name[len("recurrent_") :].split("_", 2)
         return triton_backend.render("recurrent", rule=rule, decay=decay, reads=reads, acc=ACC)
-    family, decay, read = name.rsplit("_", 2)
-    return triton_backend.render(family, decay=decay, read=read, acc=ACC)
+    ones = name.endswith("_ones")
+    family, decay, read = name.removesuffix("_ones").rsplit("_", 2)
+    return triton_backend.render(family, decay=decay, read=read, **({"ones": True} if ones else {}), acc=ACC)
 
 
 # ---- host code, copied from lamixer ----
@@ -117,17 +144,18 @@ def kernels(family: str, acc: str, **config):
     """The rendered kernel module of one configuration: <family>_<config values>.py beside this file ({ACC} only)."""
     if acc != {src.text(ACC)}:
         raise ValueError(f"these kernels accumulate in {ACC}, not {{acc}}")
-    name = "_".join([family, *config.values()])
+    name = "_".join([family, *(k if v is True else v for k, v in config.items())])
     module = importlib.import_module(f".{{name}}", __package__)
     module.NAME = f"{{name}}_{{acc}}"
     return module
 
 
-def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
+def scan_config(decay, read, acc, dtype, B, T, H, K, V, device, ones=False):
     """The additive kernels' configuration: the default."""
     return default_config(decay, K, V)
 ''',
-        tail="\n\nfrom . import host_delta as triton_delta  # noqa: E402  (the delta rule's host code; it uses the helpers above)\n",
+        tail="\n\ntriton_scan.normaliser = True  # takes ScanOperands.z0 (runtime.scan.scan_group)\n"
+             "\nfrom . import host_delta as triton_delta  # noqa: E402  (the delta rule's host code; it uses the helpers above)\n",
     ),
     _Host(
         "host_delta.py",
@@ -144,7 +172,7 @@ from .host import Config, _pow2
 
 {_NAMESPACE}
 
-def scan_config(decay, read, acc, dtype, B, T, H, K, V, device):
+def scan_config(decay, read, acc, dtype, B, T, H, K, V, device, ones=False):
     """The delta kernels' configuration: the default."""
     return default_config(decay, K, V)
 ''',
@@ -265,7 +293,7 @@ def _wrap(text: str, width: int = 100) -> str:
 
 def scans_module(compiled: Compiled, runtime: str, kernels: str) -> str:
     """<package>/scans.py. kernels: the kernel package's module path from it (".kernels" or "..kernels")."""
-    chunk = [f"{t}_{d}_{r}" for t, d, r in chunk_configs(compiled)]
+    chunk = chunk_modules(compiled)
     rec = [f"recurrent_{'_'.join(c)}" for c in recurrent_configs(compiled)]
     where = kernels.lstrip(".")
     missing = unsupported(compiled)

@@ -227,7 +227,8 @@ class MixerWriter:
             head.append(f"{self.scale} = call.scale")
         uses_device = any("device=device" in line for line in self.lines)
         head.append("dtype, device = call.compute_dtype, call.device" if uses_device else "dtype = call.compute_dtype")
-        return head + self.lines + [f"return {o}, [{', '.join(self.states[s] for s in self.g.states)}]"]
+        # o in the caller's dtype here, where torch.compile fuses the cast into the last per-token kernel
+        return head + self.lines + [f"return {o}.to(call.out_dtype), [{', '.join(self.states[s] for s in self.g.states)}]"]
 
 
 def default_scale(compiled: Compiled, module: Module) -> list[str]:
