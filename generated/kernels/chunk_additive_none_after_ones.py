@@ -46,59 +46,61 @@ def chunk_additive_none_after_ones_float32_state_fwd(
         b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if KB > 3 * BK:
         b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    p_z0 = z0 + i_nh.to(tl.int64) * K + o_k
-    b_z1 = tl.zeros([BK], dtype=tl.float32)
-    b_z2 = tl.zeros([BK], dtype=tl.float32)
-    b_z3 = tl.zeros([BK], dtype=tl.float32)
-    b_z0 = tl.load(p_z0, mask=(o_k < K), other=0.).to(tl.float32)
+    p_z = z0 + i_nh.to(tl.int64) * K + o_k
+    o_z = tl.arange(0, 16)
+    b_z1 = tl.zeros([BK, 16], dtype=tl.float32)
+    b_z2 = tl.zeros([BK, 16], dtype=tl.float32)
+    b_z3 = tl.zeros([BK, 16], dtype=tl.float32)
+    b_z0 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z, mask=(o_k < K), other=0.).to(tl.float32)[:, None]
     if KB > 1 * BK:
-        b_z1 = tl.load(p_z0 + 1 * BK, mask=(o_k < K - 1 * BK), other=0.).to(tl.float32)
+        b_z1 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z + 1 * BK, mask=(o_k < K - 1 * BK), other=0.).to(tl.float32)[:, None]
     if KB > 2 * BK:
-        b_z2 = tl.load(p_z0 + 2 * BK, mask=(o_k < K - 2 * BK), other=0.).to(tl.float32)
+        b_z2 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z + 2 * BK, mask=(o_k < K - 2 * BK), other=0.).to(tl.float32)[:, None]
     if KB > 3 * BK:
-        b_z3 = tl.load(p_z0 + 3 * BK, mask=(o_k < K - 3 * BK), other=0.).to(tl.float32)
+        b_z3 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z + 3 * BK, mask=(o_k < K - 3 * BK), other=0.).to(tl.float32)[:, None]
     for i_t in range(0, tl.cdiv(L, BT)):
         r = tl.cast(i_t * BT, tl.int64) * H
         m_t = i_t * BT + o_t < L
         p_hs = hs + ((boc + i_t) * H + i_h) * K * V
         p_zs = zs + ((boc + i_t) * H + i_h) * K + o_k
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        b_one = (tl.zeros([BT, 16], dtype=tl.float32) + 1.).to(b_b.dtype)  # [BT, 16] z's value column (the dot's narrowest), weighed as b's
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         b_h0 = b_h0 + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
-        tl.store(p_zs, b_z0, mask=(o_k < K) & (i_v == 0))
-        b_z0 = b_z0 + tl.sum(b_aT.to(tl.float32), axis=1)
+        tl.store(p_zs, tl.sum(tl.where(o_z[None, :] == 0, b_z0, 0.), axis=1), mask=(o_k < K) & (i_v == 0))
+        b_z0 = b_z0 + tl.dot(b_aT.to(b_b.dtype), b_one, input_precision=PRECISION)
         if KB > 1 * BK:
             tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             b_h1 = b_h1 + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
-            tl.store(p_zs + 1 * BK, b_z1, mask=(o_k < K - 1 * BK) & (i_v == 0))
-            b_z1 = b_z1 + tl.sum(b_aT.to(tl.float32), axis=1)
+            tl.store(p_zs + 1 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z1, 0.), axis=1), mask=(o_k < K - 1 * BK) & (i_v == 0))
+            b_z1 = b_z1 + tl.dot(b_aT.to(b_b.dtype), b_one, input_precision=PRECISION)
         if KB > 2 * BK:
             tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             b_h2 = b_h2 + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
-            tl.store(p_zs + 2 * BK, b_z2, mask=(o_k < K - 2 * BK) & (i_v == 0))
-            b_z2 = b_z2 + tl.sum(b_aT.to(tl.float32), axis=1)
+            tl.store(p_zs + 2 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z2, 0.), axis=1), mask=(o_k < K - 2 * BK) & (i_v == 0))
+            b_z2 = b_z2 + tl.dot(b_aT.to(b_b.dtype), b_one, input_precision=PRECISION)
         if KB > 3 * BK:
             tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             b_h3 = b_h3 + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
-            tl.store(p_zs + 3 * BK, b_z3, mask=(o_k < K - 3 * BK) & (i_v == 0))
-            b_z3 = b_z3 + tl.sum(b_aT.to(tl.float32), axis=1)
+            tl.store(p_zs + 3 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z3, 0.), axis=1), mask=(o_k < K - 3 * BK) & (i_v == 0))
+            b_z3 = b_z3 + tl.dot(b_aT.to(b_b.dtype), b_one, input_precision=PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
         tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
-        tl.store(zt + i_nh.to(tl.int64) * K + o_k, b_z0, mask=(o_k < K) & (i_v == 0))
+        tl.store(zt + i_nh.to(tl.int64) * K + o_k, tl.sum(tl.where(o_z[None, :] == 0, b_z0, 0.), axis=1), mask=(o_k < K) & (i_v == 0))
         if KB > 1 * BK:
             tl.store(p_ht + 1 * BK * V + s_kv, b_h1.to(ht.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
-            tl.store(zt + i_nh.to(tl.int64) * K + o_k + 1 * BK, b_z1, mask=(o_k < K - 1 * BK) & (i_v == 0))
+            tl.store(zt + i_nh.to(tl.int64) * K + o_k + 1 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z1, 0.), axis=1), mask=(o_k < K - 1 * BK) & (i_v == 0))
         if KB > 2 * BK:
             tl.store(p_ht + 2 * BK * V + s_kv, b_h2.to(ht.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
-            tl.store(zt + i_nh.to(tl.int64) * K + o_k + 2 * BK, b_z2, mask=(o_k < K - 2 * BK) & (i_v == 0))
+            tl.store(zt + i_nh.to(tl.int64) * K + o_k + 2 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z2, 0.), axis=1), mask=(o_k < K - 2 * BK) & (i_v == 0))
         if KB > 3 * BK:
             tl.store(p_ht + 3 * BK * V + s_kv, b_h3.to(ht.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
-            tl.store(zt + i_nh.to(tl.int64) * K + o_k + 3 * BK, b_z3, mask=(o_k < K - 3 * BK) & (i_v == 0))
+            tl.store(zt + i_nh.to(tl.int64) * K + o_k + 3 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z3, 0.), axis=1), mask=(o_k < K - 3 * BK) & (i_v == 0))
 
 
 
@@ -187,18 +189,19 @@ def chunk_additive_none_after_ones_float32_state_bwd(
         b_h2 = tl.load(p_dht + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if KB > 3 * BK:
         b_h3 = tl.load(p_dht + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    p_dzt = dzt + i_nh.to(tl.int64) * K + o_k
     p_doz = doz + bos * H + i_h  # the sequence's first token, this head
-    b_z1 = tl.zeros([BK], dtype=tl.float32)
-    b_z2 = tl.zeros([BK], dtype=tl.float32)
-    b_z3 = tl.zeros([BK], dtype=tl.float32)
-    b_z0 = tl.load(p_dzt, mask=(o_k < K), other=0.).to(tl.float32)
+    p_z = dzt + i_nh.to(tl.int64) * K + o_k
+    o_z = tl.arange(0, 16)
+    b_z1 = tl.zeros([BK, 16], dtype=tl.float32)
+    b_z2 = tl.zeros([BK, 16], dtype=tl.float32)
+    b_z3 = tl.zeros([BK, 16], dtype=tl.float32)
+    b_z0 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z, mask=(o_k < K), other=0.).to(tl.float32)[:, None]
     if KB > 1 * BK:
-        b_z1 = tl.load(p_dzt + 1 * BK, mask=(o_k < K - 1 * BK), other=0.).to(tl.float32)
+        b_z1 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z + 1 * BK, mask=(o_k < K - 1 * BK), other=0.).to(tl.float32)[:, None]
     if KB > 2 * BK:
-        b_z2 = tl.load(p_dzt + 2 * BK, mask=(o_k < K - 2 * BK), other=0.).to(tl.float32)
+        b_z2 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z + 2 * BK, mask=(o_k < K - 2 * BK), other=0.).to(tl.float32)[:, None]
     if KB > 3 * BK:
-        b_z3 = tl.load(p_dzt + 3 * BK, mask=(o_k < K - 3 * BK), other=0.).to(tl.float32)
+        b_z3 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z + 3 * BK, mask=(o_k < K - 3 * BK), other=0.).to(tl.float32)[:, None]
     NT = tl.cdiv(L, BT)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
@@ -208,49 +211,50 @@ def chunk_additive_none_after_ones_float32_state_bwd(
         b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         p_dzs = dzs + ((boc + i_t) * H + i_h) * K + o_k
         b_doz = tl.load(p_doz + r + o_t * H, mask=m_t, other=0.).to(tl.float32)  # [BT]
+        b_one = (tl.zeros([BT, 16], dtype=tl.float32) + (b_doz)[:, None]).to(b_do.dtype)  # [BT, 16] doz as a value column, weighed as do's
         tl.store(p_dhs + s_kv, b_h0.to(dhs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         if USE_QS:
             b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_h0 = b_h0 + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
-        tl.store(p_dzs, b_z0, mask=(o_k < K) & (i_v == 0))
-        b_z0 = b_z0 + tl.sum(b_qT.to(tl.float32) * b_doz[None, :], axis=1)
+        tl.store(p_dzs, tl.sum(tl.where(o_z[None, :] == 0, b_z0, 0.), axis=1), mask=(o_k < K) & (i_v == 0))
+        b_z0 = b_z0 + tl.dot(b_qT.to(b_do.dtype), b_one, input_precision=PRECISION)
         if KB > 1 * BK:
             tl.store(p_dhs + 1 * BK * V + s_kv, b_h1.to(dhs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_h1 = b_h1 + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
-            tl.store(p_dzs + 1 * BK, b_z1, mask=(o_k < K - 1 * BK) & (i_v == 0))
-            b_z1 = b_z1 + tl.sum(b_qT.to(tl.float32) * b_doz[None, :], axis=1)
+            tl.store(p_dzs + 1 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z1, 0.), axis=1), mask=(o_k < K - 1 * BK) & (i_v == 0))
+            b_z1 = b_z1 + tl.dot(b_qT.to(b_do.dtype), b_one, input_precision=PRECISION)
         if KB > 2 * BK:
             tl.store(p_dhs + 2 * BK * V + s_kv, b_h2.to(dhs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_h2 = b_h2 + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
-            tl.store(p_dzs + 2 * BK, b_z2, mask=(o_k < K - 2 * BK) & (i_v == 0))
-            b_z2 = b_z2 + tl.sum(b_qT.to(tl.float32) * b_doz[None, :], axis=1)
+            tl.store(p_dzs + 2 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z2, 0.), axis=1), mask=(o_k < K - 2 * BK) & (i_v == 0))
+            b_z2 = b_z2 + tl.dot(b_qT.to(b_do.dtype), b_one, input_precision=PRECISION)
         if KB > 3 * BK:
             tl.store(p_dhs + 3 * BK * V + s_kv, b_h3.to(dhs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_qT = tl.trans(tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_h3 = b_h3 + tl.dot(b_qT.to(b_do.dtype), b_do, input_precision=PRECISION)
-            tl.store(p_dzs + 3 * BK, b_z3, mask=(o_k < K - 3 * BK) & (i_v == 0))
-            b_z3 = b_z3 + tl.sum(b_qT.to(tl.float32) * b_doz[None, :], axis=1)
+            tl.store(p_dzs + 3 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z3, 0.), axis=1), mask=(o_k < K - 3 * BK) & (i_v == 0))
+            b_z3 = b_z3 + tl.dot(b_qT.to(b_do.dtype), b_one, input_precision=PRECISION)
     p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
     tl.store(p_dh0 + s_kv, b_h0.to(dh0.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
-    tl.store(dz0 + i_nh.to(tl.int64) * K + o_k, b_z0, mask=(o_k < K) & (i_v == 0))
+    tl.store(dz0 + i_nh.to(tl.int64) * K + o_k, tl.sum(tl.where(o_z[None, :] == 0, b_z0, 0.), axis=1), mask=(o_k < K) & (i_v == 0))
     if KB > 1 * BK:
         tl.store(p_dh0 + 1 * BK * V + s_kv, b_h1.to(dh0.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
-        tl.store(dz0 + i_nh.to(tl.int64) * K + o_k + 1 * BK, b_z1, mask=(o_k < K - 1 * BK) & (i_v == 0))
+        tl.store(dz0 + i_nh.to(tl.int64) * K + o_k + 1 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z1, 0.), axis=1), mask=(o_k < K - 1 * BK) & (i_v == 0))
     if KB > 2 * BK:
         tl.store(p_dh0 + 2 * BK * V + s_kv, b_h2.to(dh0.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
-        tl.store(dz0 + i_nh.to(tl.int64) * K + o_k + 2 * BK, b_z2, mask=(o_k < K - 2 * BK) & (i_v == 0))
+        tl.store(dz0 + i_nh.to(tl.int64) * K + o_k + 2 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z2, 0.), axis=1), mask=(o_k < K - 2 * BK) & (i_v == 0))
     if KB > 3 * BK:
         tl.store(p_dh0 + 3 * BK * V + s_kv, b_h3.to(dh0.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
-        tl.store(dz0 + i_nh.to(tl.int64) * K + o_k + 3 * BK, b_z3, mask=(o_k < K - 3 * BK) & (i_v == 0))
+        tl.store(dz0 + i_nh.to(tl.int64) * K + o_k + 3 * BK, tl.sum(tl.where(o_z[None, :] == 0, b_z3, 0.), axis=1), mask=(o_k < K - 3 * BK) & (i_v == 0))
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -533,16 +533,32 @@ def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, defa
         return found if found is not None else default(decay, K, V)
     key = (*dims, bucket)
     if key not in _chosen:
-        found = lookup(entry_key(device_name(device), hash_of(decay, read, acc), dtype, bucket))
+        hashes = hash_of(decay, read, acc)  # a kernel source's hash, or several to try in order
+        found = None
+        for h in [hashes] if isinstance(hashes, str) else hashes:
+            found = lookup(entry_key(device_name(device), h, dtype, bucket))
+            if found is not None:
+                break
         _chosen[key] = found if found is not None and usable(found) else default(decay, K, V)
     _traced[dims] = _chosen[key]
     return _chosen[key]
 
 
+ONES_BLOCK = 64  # the narrowest output block of the kernels carrying a normaliser (below)
+
+
 def scan_config(decay, read, acc, dtype, B, T, H, K, V, device, ones: bool = False) -> Config:
-    """The additive kernels' configuration (choose_config); ones: of their form carrying a normaliser."""
+    """The additive kernels' configuration (choose_config); ones: of their form carrying a normaliser, whose entries
+    fall back to the plain form's (the same kernels but for a [K] vector per chunk). Their output kernel takes blocks
+    of at least ONES_BLOCK: at 32 wide it raised an illegal memory access on the H200 (lln, bf16, autotune,
+    h200_2026-11-30/s10_call19), where under the interpreter's bounds check every access of it stays inside its
+    tensors (emulate.check_bounds, lln at K = V = 64 with 16- and 32-wide blocks): the compiled code's, as the delta
+    rule's narrow blocks were (triton_delta.CHUNK_BLOCK)."""
+    if not ones:
+        return choose_config(FAMILY, decay, read, acc, dtype, B, T, H, K, V, device, default_config, kernel_hash)
     return choose_config(FAMILY, decay, read, acc, dtype, B, T, H, K, V, device, default_config,
-                         lambda d, r, a: kernel_hash(d, r, a, ones), variant=("ones",) if ones else ())  # fmt: skip
+                         lambda d, r, a: (kernel_hash(d, r, a, True), kernel_hash(d, r, a)), lambda c: c.BV >= min(ONES_BLOCK, _pow2(V)),
+                         variant=("ones",))  # fmt: skip
 
 
 def direct_operands(compiled: Compiled, call: Call, finished: bool = False) -> dict[int, Direct]:
