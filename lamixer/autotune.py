@@ -237,10 +237,13 @@ def search_space(mixer, size: int) -> tuple[str, list[Config]]:
     """The template family `tune` searches for a spec (its first scan's) and that family's candidates, default first;
     each family has its own axes, and a spec's scans of another family keep their configurations."""
     from .backends import triton as tb
-    from .emit.kernels import chunk_config
+    from .emit.kernels import chunk_config, normalisers
 
     family, decay, _ = chunk_config(mixer.compiled.classification.scans[0])
-    return family, (tb.triton_delta.candidates if family == tb.triton_delta.FAMILY else candidates)(decay, size, size)
+    space = (tb.triton_delta.candidates if family == tb.triton_delta.FAMILY else candidates)(decay, size, size)
+    if family == tb.FAMILY and normalisers(mixer.compiled):  # kernels carrying a normaliser: output blocks >= ONES_BLOCK
+        space = [c for c in space if c.BV >= min(tb.ONES_BLOCK, _pow2(size))]
+    return family, space
 
 
 # errors after which the process's CUDA context is unusable: every later launch fails the same way (H200, Triton

@@ -180,3 +180,11 @@ def test_shipped_configurations_key_on_current_kernels():
         assert data["version"] == at.CACHE_VERSION, f.name
         for key in data["entries"]:
             assert key.split("|")[1] in current, f"{f.name}: {key}"
+
+
+def test_kernels_carrying_a_normaliser_are_searched_with_wide_output_blocks():
+    """lln's scan carries its normaliser: 32-wide output blocks faulted on the H200 (backends/triton.py ONES_BLOCK),
+    so its search space has none, and a plain scan's keeps them."""
+    family, space = at.search_space(lamixer.load("lln"), 128)
+    assert family == tb.FAMILY and space and min(c.BV for c in space) == tb.ONES_BLOCK
+    assert min(c.BV for c in at.search_space(lamixer.load("linear_attn"), 128)[1]) < tb.ONES_BLOCK

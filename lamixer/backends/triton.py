@@ -553,7 +553,7 @@ def scan_config(decay, read, acc, dtype, B, T, H, K, V, device, ones: bool = Fal
     of at least ONES_BLOCK: at 32 wide it raised an illegal memory access on the H200 (lln, bf16, autotune,
     h200_2026-11-30/s10_call19), where under the interpreter's bounds check every access of it stays inside its
     tensors (emulate.check_bounds, lln at K = V = 64 with 16- and 32-wide blocks): the compiled code's, as the delta
-    rule's narrow blocks were (triton_delta.CHUNK_BLOCK)."""
+    rule's narrow blocks were (triton_delta.CHUNK_BLOCK). The autotuner's space for such a spec has no narrower ones."""
     if not ones:
         return choose_config(FAMILY, decay, read, acc, dtype, B, T, H, K, V, device, default_config, kernel_hash)
     return choose_config(FAMILY, decay, read, acc, dtype, B, T, H, K, V, device, default_config,
