@@ -275,7 +275,7 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     h0 = tuple(s.detach().clone().requires_grad_() for s in states)
     do = torch.randn_like(reference["o"]).to(dtype)
     tol = 1e-3 if dtype == torch.float32 else 1e-2
-    from .emit.kernels import chunk_config, normalisers
+    from .emit.kernels import carries_normaliser, chunk_config, normalisers
 
     tuned, space = search_space(mixer, size)
     K = size
@@ -285,8 +285,7 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     for s in mixer.compiled.classification.scans:
         if chunk_config(s)[0] == tuned and s.state not in carried:
             family = tb.triton_delta if s.rule == "delta" else tb
-            group = next((g for g in mixer.compiled.plan.fusable if s.state in g), (s.state,))
-            ones = {"ones": True} if carried & set(group) else {}
+            ones = {"ones": True} if carries_normaliser(mixer.compiled, s.state) else {}  # (chunk_additive's form only)
             key = entry_key(device_name(torch.device(device)), family.kernel_hash(*family.template_config(s), acc, **ones), dtype,
                             shape_bucket(B, T, H, K, size))  # fmt: skip
             keys += [key] if key not in keys else []

@@ -116,7 +116,7 @@ def _kernels(c: Compiled) -> list[str]:
     """Which generated kernels the triton backend runs for each scan, or why it cannot."""
     from .backends import triton as triton_backend
     from .backends import triton_delta
-    from .emit.kernels import chunk_config, normalisers
+    from .emit.kernels import carries_normaliser, chunk_config, normalisers
 
     missing = triton_backend.unsupported(c)
     if missing:
@@ -125,14 +125,13 @@ def _kernels(c: Compiled) -> list[str]:
         lines = ["triton kernels:"]
         carried = normalisers(c)
         for s in c.classification.scans:
-            group = next((g for g in c.plan.fusable if s.state in g), (s.state,))
             if s.state in carried:
-                first = next(st for st in group if st not in carried)
+                first = next(st for g in c.plan.fusable if s.state in g for st in g if st not in carried)
                 lines.append(f"  scan {s.state}: in scan {first}'s kernels, as their normaliser (its own [K] state; reads: score rows summed)")
                 continue
             family, decay, read = chunk_config(s)
             names = (triton_delta if family == triton_delta.FAMILY else triton_backend).kernel_names(decay)
-            ones = "_ones" if carried & set(group) else ""
+            ones = "_ones" if carries_normaliser(c, s.state) else ""
             lines.append(f"  scan {s.state}: {family}_{decay}_{read}{ones}_float32_{{{', '.join(names)}}}")
     return lines + _recurrent_kernels(c)
 

@@ -1,12 +1,13 @@
 """Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
 
 Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton.py: _ACC, MAX_HEAD_DIM, _read_mode, FAMILY, STRIP_DECAYS, FLOAT32_DOTS,
-_strip_args, STRIP, diagonal_span, _chunks, _chunk_cumsum, _snapshot_dtype, PRECISION,
-_chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward, _chunk_save, _chunk_grads,
-_chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op, run_chunk_scan,
-state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, bf16_interpreted, _acc_precision,
-_launch, triton_cdiv, triton_scan; from lamixer/autotune.py: Config, _pow2, default_config.
+from lamixer/backends/triton.py: _ACC, MAX_HEAD_DIM, _read_mode, template_args, FAMILY,
+STRIP_DECAYS, FLOAT32_DOTS, _strip_args, STRIP, diagonal_span, _chunks, _chunk_cumsum,
+_snapshot_dtype, PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward,
+_chunk_save, _chunk_grads, _chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op,
+run_chunk_scan, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, bf16_interpreted,
+_acc_precision, _launch, triton_cdiv, triton_scan; from lamixer/autotune.py: Config, _pow2,
+default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
 file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's
 cache, not here); NAMESPACE registers the custom ops under this module's import name.
@@ -58,6 +59,12 @@ def launch_problems(device: torch.device) -> list[str]:
     except RuntimeError:  # no driver at all: no GPU
         pass
     return [f"the inputs are on {device}, and the kernels run on CUDA tensors (on the CPU under TRITON_INTERPRET=1)"]
+
+
+def template_args(decay: str, read: str, acc: str, ones: bool = False) -> dict:
+    """A chunk template's render arguments, in the order that names its kernels; ones: chunk_additive's form carrying
+    a normaliser."""
+    return dict(decay=decay, read=read, **({"ones": True} if ones else {}), acc=acc)
 
 
 def _read_mode(decayed: bool, written: bool) -> str:
@@ -135,7 +142,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     the normaliser's are empty without z0. cfg: an autotune.Config as a list. Under a decay along the value dim o
     is float32, as the states are (the template's header)."""
     ones = z0 is not None
-    mod = kernels("chunk_additive", decay=decay, read=read, **({"ones": True} if ones else {}), acc=_ACC[h0.dtype])
+    mod = kernels(FAMILY, **template_args(decay, read, _ACC[h0.dtype], ones))
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -206,7 +213,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     """(dq, da, db, dg, dh0, dz0) of chunk_scan; dg is empty without a decay, dz0 without a normaliser (zs, doz, dzt:
     its states entering each chunk, the gradients of its output and final state)."""
     ones = zs is not None
-    mod = kernels("chunk_additive", decay=decay, read=read, **({"ones": True} if ones else {}), acc=_ACC[h0.dtype])
+    mod = kernels(FAMILY, **template_args(decay, read, _ACC[h0.dtype], ones))
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1

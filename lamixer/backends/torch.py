@@ -6,7 +6,6 @@ chunkwise scan (lamixer.runtime.scan), run as the classification says (never by 
 """
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -157,12 +156,6 @@ class _Evaluator:
         for n in prog.constant_factors:
             f = self.direct[n].factor
             values[("factor", n)] = self._factor(values[f] if f is not None else None, self.direct[n].negate)
-        for s in self.c.classification.scans:
-            # a constant decay of exactly 0 (a log decay of -inf) as the smallest normal number's log: the kernels
-            # take differences of cumulative log decays (-inf - -inf is NaN); exp of it is 0 to the scans
-            g = values.get(s.log_decay) if s.log_decay is not None else None
-            if isinstance(g, torch.Tensor):
-                values[("decay", s.log_decay)] = g.clamp_min(math.log(torch.finfo(g.dtype).tiny))
         return values if call.memo is None else remember(call.memo, key, values)
 
     def run(self) -> None:
@@ -245,10 +238,9 @@ class _Evaluator:
         scans = self.prog.groups[state]
         s = scans[0]
         operand, call = self.operand, self.call
-        decay = self.consts.get(("decay", s.log_decay)) if s.log_decay is not None else None  # (constants)
         reads, finals = scan_group(
             self.scan_impl, (self.B, self.T, call.heads), operand(s.write_key),
-            [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay) if decay is None else decay,
+            [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay),
             "value" if s.decay == "value" else "key", [(operand(r.query), r.decayed, r.written) for r in s.reads],
             [call.initial_state[t.state] for t in scans], call.cu_seqlens, self.c.plan.chunk[s.state], [self.factor(r.query) for r in s.reads],
             self.forms(s),

@@ -63,11 +63,11 @@ def launch_problems(device: torch.device) -> list[str]:
     return [f"the inputs are on {device}, and the kernels run on CUDA tensors (on the CPU under TRITON_INTERPRET=1)"]
 
 
-def log_floor(acc: str) -> str:
-    """The least log decay the kernels take (a literal): the log of the accumulator's smallest normal number. They
-    difference cumulative log decays, and a decay of exactly 0 (log -inf: a gate that reaches 0) made -inf - -inf
-    NaN; floored, its factor exp(floor) is 0 to float precision and differences of the sums stay finite."""
-    return repr(math.log(torch.finfo(getattr(torch, acc)).tiny))
+def floored(log_decay: str, acc: str) -> str:
+    """The templates' load of a log decay (an expression) in the accumulator's dtype, at least the log of its smallest
+    normal number. The kernels difference cumulative log decays, and a decay of exactly 0 (log -inf: a gate that
+    reaches 0) made -inf - -inf NaN; floored, its factor is 0 to float precision and the differences stay finite."""
+    return f"tl.maximum({log_decay}.to(tl.{acc}), {math.log(torch.finfo(getattr(torch, acc)).tiny)!r})"
 
 
 @functools.cache
@@ -75,7 +75,7 @@ def _environment() -> jinja2.Environment:
     root = resources.files("lamixer").joinpath("templates")
     env = jinja2.Environment(loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)  # fmt: skip
-    env.globals["log_floor"] = log_floor
+    env.globals["floored"] = floored
     return env
 
 
@@ -92,6 +92,12 @@ def _digest(source: str) -> str:
 def config_name(family: str, config: dict) -> str:
     """<family>_<config values>, a flag set to True by its name (ones): the kernels' names, and their module's."""
     return "_".join([family, *(k if v is True else str(v) for k, v in config.items())])
+
+
+def template_args(decay: str, read: str, acc: str, ones: bool = False) -> dict:
+    """A chunk template's render arguments, in the order that names its kernels; ones: chunk_additive's form carrying
+    a normaliser."""
+    return dict(decay=decay, read=read, **({"ones": True} if ones else {}), acc=acc)
 
 
 def render(family: str, **config) -> str:
@@ -203,7 +209,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     the normaliser's are empty without z0. cfg: an autotune.Config as a list. Under a decay along the value dim o
     is float32, as the states are (the template's header)."""
     ones = z0 is not None
-    mod = kernels("chunk_additive", decay=decay, read=read, **({"ones": True} if ones else {}), acc=_ACC[h0.dtype])
+    mod = kernels(FAMILY, **template_args(decay, read, _ACC[h0.dtype], ones))
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -274,7 +280,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     """(dq, da, db, dg, dh0, dz0) of chunk_scan; dg is empty without a decay, dz0 without a normaliser (zs, doz, dzt:
     its states entering each chunk, the gradients of its output and final state)."""
     ones = zs is not None
-    mod = kernels("chunk_additive", decay=decay, read=read, **({"ones": True} if ones else {}), acc=_ACC[h0.dtype])
+    mod = kernels(FAMILY, **template_args(decay, read, _ACC[h0.dtype], ones))
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -511,7 +517,7 @@ OVERRIDE_FAMILY: str | None = None  # the template family the override is for (N
 
 def kernel_hash(decay: str, read: str, acc: str, ones: bool = False) -> str:
     """The hash of the chunk kernels' source (ones: the form carrying a normaliser), on which tuned entries key."""
-    return _digest(render(FAMILY, decay=decay, read=read, **({"ones": True} if ones else {}), acc=acc))
+    return _digest(render(FAMILY, **template_args(decay, read, acc, ones)))
 
 
 def choose_config(fam: str, decay, read, acc, dtype, B, T, H, K, V, device, default, hash_of, usable=lambda c: True,

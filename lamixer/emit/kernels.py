@@ -61,19 +61,20 @@ def normalisers(compiled: Compiled) -> set[str]:
     return found
 
 
+def carries_normaliser(compiled: Compiled, state: str) -> bool:
+    """Whether the chunk kernels of `state`'s scan carry a normaliser (a vector state of its group: normalisers)."""
+    carried = normalisers(compiled)
+    return state not in carried and any(state in g and carried & set(g) for g in compiled.plan.fusable)
+
+
 def chunk_modules(compiled: Compiled) -> list[str]:
     """The chunk kernel modules a spec trains on, by name: <template>_<decay>_<read>, with _ones where the scan
     carries a normaliser (whose own scan then runs on none of its own)."""
     if unsupported(compiled):
         return []
     carried = normalisers(compiled)
-    names = set()
-    for s in compiled.classification.scans:
-        if s.state in carried:
-            continue
-        group = next((g for g in compiled.plan.fusable if s.state in g), (s.state,))
-        names.add("_".join(chunk_config(s)) + ("_ones" if carried & set(group) else ""))
-    return sorted(names)
+    return sorted({"_".join(chunk_config(s)) + ("_ones" if carries_normaliser(compiled, s.state) else "")
+                   for s in compiled.classification.scans if s.state not in carried})  # fmt: skip
 
 
 def recurrent_configs(compiled: Compiled) -> list[tuple[str, str, str]]:
@@ -96,7 +97,7 @@ def kernel_module(name: str) -> str:
         return triton_backend.render("recurrent", rule=rule, decay=decay, reads=reads, acc=ACC)
     ones = name.endswith("_ones")
     family, decay, read = name.removesuffix("_ones").rsplit("_", 2)
-    return triton_backend.render(family, decay=decay, read=read, **({"ones": True} if ones else {}), acc=ACC)
+    return triton_backend.render(family, **triton_backend.template_args(decay, read, ACC, ones))
 
 
 # ---- host code, copied from lamixer ----
@@ -120,7 +121,7 @@ _DEFAULT_DOC = "scan_config gives every call the default configuration (lamixer'
 HOSTS = (
     _Host(
         "host.py",
-        ((triton_backend, ("_ACC", "MAX_HEAD_DIM", "_read_mode",
+        ((triton_backend, ("_ACC", "MAX_HEAD_DIM", "_read_mode", "template_args",
                            "FAMILY", "STRIP_DECAYS", "FLOAT32_DOTS", "_strip_args",
                            "STRIP", "diagonal_span", "_chunks", "_chunk_cumsum", "_snapshot_dtype", "PRECISION", "_chunk_forward",
                            "chunk_scan", "_chunk_backward_impl", "chunk_scan_backward", "_chunk_save", "_chunk_grads",
