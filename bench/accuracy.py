@@ -2,7 +2,7 @@
 
     python bench/accuracy.py [--specs gla,deltanet] [--gates strong,weak] [--B 1 --T 8192 --H 16 --D 128]
 
-For each spec with an FLA competitor (lamixer.bench.COMPETITORS): random bf16 inputs (no initial state, as FLA's
+For each spec with an FLA competitor (lamixer.tools.bench.COMPETITORS): random bf16 inputs (no initial state, as FLA's
 chunk calls take them here), one output gradient, and the relative RMS error of the output and of every input's
 gradient, for lamixer (backend "triton") and for FLA. It says whether an error is the kernels' or the format's:
 what bf16 inputs and outputs cost a kernel that accumulates in float32. Writes $OUT (or bench/results)/accuracy.json.
@@ -18,8 +18,8 @@ import os
 import torch
 
 import lamixer
-from lamixer import bench
-from lamixer.check import random_call, rel_rms
+from lamixer.tools import bench
+from lamixer.tools.check import random_call, rel_rms
 
 
 def grads(fn, tensors: dict, seed: int = 0) -> dict:

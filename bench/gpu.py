@@ -8,14 +8,14 @@ interpreter on the same GPU (relative RMS: fp32 < 1e-3, bf16 < 1e-2), strong and
 odd lengths, initial states, packed sequences; at T = 16384 the reference is the float64 torch
 backend (itself checked against the interpreter to ~1e-13 in CI). A backward miscompiled by the
 GPU's Triton shows up here as a failed gradient.
-Time: lamixer.bench (the same as `lamixer bench`): forward and forward+backward at B*T = 32768,
+Time: lamixer.tools.bench (the same as `lamixer bench`): forward and forward+backward at B*T = 32768,
 H = 16, D = 128, bf16, peak memory, one-token decode; FLA (with --fla) and SDPA side by side.
 Results go to $OUT (or bench/results) as gpu.json.
 
     python bench/gpu.py --emulate [--specs a,b]
 
 runs the chunk kernels' bf16 checks on this machine's CPU instead, under Triton's interpreter computing bf16 and
-float32 dots as the GPU does (lamixer.emulate), without the long case: minutes per spec, no GPU needed.
+float32 dots as the GPU does (lamixer.tools.emulate), without the long case: minutes per spec, no GPU needed.
 """
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import lamixer  # noqa: E402
-from lamixer import bench  # noqa: E402
 from lamixer.backends import triton as triton_backend  # noqa: E402
-from lamixer.check import compare, forward_backward, random_call, rel_rms  # noqa: E402
+from lamixer.tools import bench  # noqa: E402
+from lamixer.tools.check import compare, forward_backward, random_call, rel_rms  # noqa: E402
 
 TOL = {torch.float32: 1e-3, torch.bfloat16: 1e-2}
 
@@ -79,7 +79,7 @@ def check(names, rows, quick=False, device="cuda", dtypes=(torch.float32, torch.
 def check_recurrent(names, rows):
     """The recurrent kernel (inference, no gradients) on every spec, the delta rule included: fp32 and bf16 inputs,
     one token, a strongly gated prompt, packed sequences, against the float64 interpreter on the same GPU."""
-    from lamixer.check import compare_inference
+    from lamixer.tools.check import compare_inference
 
     cases = [(2, 1, 4, 128, "normal", None), (2, 63, 4, 64, "strong", None), (1, None, 4, 128, "weak", [0, 1, 17, 40])]
     for name in names:
@@ -121,7 +121,7 @@ def main():
                 check_recurrent(args.specs.split(",") if args.specs else lamixer.shipped_specs(), res["rows"])
             check(names, res["rows"], args.quick)
         if args.autotune:
-            from lamixer import autotune
+            from lamixer.tuning import autotune
 
             for n in args.time_specs.split(",") if args.time_specs else names:
                 trials, keys = autotune.tune(lamixer.load(n), 4, 8192, 16, 128, torch.bfloat16, "cuda", args.autotune)
@@ -143,10 +143,10 @@ def main():
 
 
 def emulated(names, args) -> None:
-    from lamixer import emulate
+    from lamixer.tools import emulate
 
     emulate.bf16_like_gpu()
-    res = dict(device="cpu: Triton's interpreter, bf16 as on the GPU (lamixer.emulate)", triton=triton.__version__, rows=[])
+    res = dict(device="cpu: Triton's interpreter, bf16 as on the GPU (lamixer.tools.emulate)", triton=triton.__version__, rows=[])
     try:
         check(names, res["rows"], args.quick, device="cpu", dtypes=(torch.bfloat16,), long=False)
     finally:

@@ -22,8 +22,8 @@ import torch
 
 import lamixer
 from lamixer.backends import triton as triton_backend
-from lamixer.call import bind
-from lamixer.check import random_call
+from lamixer.backends.binding import bind
+from lamixer.tools.check import random_call
 
 
 def best_us(fn, n: int, rounds: int = 10) -> float:

@@ -17,10 +17,10 @@ import time
 import torch
 
 import lamixer
-from lamixer import bench
-from lamixer.autotune import Config
 from lamixer.backends import triton as tb
-from lamixer.check import forward_backward, random_call, rel_rms
+from lamixer.tools import bench
+from lamixer.tools.check import forward_backward, random_call, rel_rms
+from lamixer.tuning.autotune import Config
 
 TOP = 14  # kernels listed per profile (--top)
 

@@ -85,7 +85,7 @@ def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: boo
     """One row per kernel each spec and dtype compiles (spec, dtype, kernel, shared, warps, stages[, registers,
     spills]), or one row with the error that stopped a spec."""
     import lamixer
-    from lamixer.check import forward_backward, random_call
+    from lamixer.tools.check import forward_backward, random_call
 
     rows: list[dict] = []
     where: dict = {}
@@ -124,8 +124,8 @@ def main():
     ap.add_argument("--config", default="", help="BT,BV,BK,warps,stages,split[,BW,BG,warps_grad] for every scan (default: each one's own)")
     args = ap.parse_args()
     if args.config:
-        from lamixer.autotune import Config
         from lamixer.backends import triton as triton_backend
+        from lamixer.tuning.autotune import Config
 
         triton_backend.CONFIG_OVERRIDE = Config.from_list(args.config.split(","))
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]

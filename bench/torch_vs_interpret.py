@@ -16,7 +16,7 @@ import time
 import torch
 
 import lamixer
-from lamixer.check import random_call, rel_rms
+from lamixer.tools.check import random_call, rel_rms
 
 
 def timed(fn, repeat: int) -> float:

@@ -3,9 +3,9 @@
     mixer = lamixer.load("gla")
     o, final_state = mixer(q, k, v, g, output_final_state=True)
 """
+from .api import Mixer, load, loads, shipped_specs
 from .errors import ArgumentError, LamixerError, SpecError
-from .layers import Layer, LayerState
-from .mixer import Mixer, load, loads, shipped_specs
+from .layer import Layer, LayerState
 
 __all__ = ["ArgumentError", "Layer", "LayerState", "LamixerError", "Mixer", "SpecError", "load", "loads", "shipped_specs"]
 __version__ = "0.1.0"

@@ -3,8 +3,8 @@ import os
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-if os.environ.get("LAMIXER_CHECK_BOUNDS") == "1":  # every kernel access inside its tensors (lamixer.emulate.check_bounds)
-    from lamixer import emulate
+if os.environ.get("LAMIXER_CHECK_BOUNDS") == "1":  # every kernel access inside its tensors (lamixer.tools.emulate.check_bounds)
+    from lamixer.tools import emulate
 
     emulate.check_bounds()
 

@@ -1,4 +1,4 @@
-"""Run one spec's bf16 forward and backward on the triton backend under lamixer.emulate, print the errors as JSON.
+"""Run one spec's bf16 forward and backward on the triton backend under lamixer.tools.emulate, print the errors as JSON.
 
     python emulate_worker.py SPEC B T H D GATE
 
@@ -13,9 +13,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 import lamixer  # noqa: E402
-from lamixer import emulate  # noqa: E402
 from lamixer.backends import triton as tb  # noqa: E402
-from lamixer.check import forward_backward, random_call, rel_rms  # noqa: E402
+from lamixer.tools import emulate  # noqa: E402
+from lamixer.tools.check import forward_backward, random_call, rel_rms  # noqa: E402
 
 spec, B, T, H, D, gate = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
 emulate.bf16_like_gpu()

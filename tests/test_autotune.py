@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import lamixer
-from lamixer import autotune as at
 from lamixer.backends import triton as tb
+from lamixer.tuning import autotune as at
 
 
 @pytest.fixture(autouse=True)
@@ -163,11 +163,11 @@ def test_a_fault_that_loses_the_gpu_context_stops_the_search(monkeypatch):
 
 
 def test_shipped_configurations_key_on_current_kernels():
-    """Every entry in lamixer/configs names a kernel source some shipped spec renders now: an entry left behind by a
+    """Every entry in lamixer/tuning/configs names a kernel source some shipped spec renders now: an entry left behind by a
     template change would never be found again."""
     from importlib import resources
 
-    from lamixer.emit.kernels import chunk_modules, kernel_module
+    from lamixer.emit.scans_module import chunk_modules, kernel_module
 
     current = set()
     for name in lamixer.shipped_specs():

@@ -53,13 +53,13 @@ def test_chained_scans_run_in_dependency_order():
 
 
 def test_verifier_catches_a_miswired_node():
-    c = lamixer.loads(lamixer.mixer.shipped_source("gla")).compiled
+    c = lamixer.loads(lamixer.api.shipped_source("gla")).compiled
     g = c.graph
     n = next(n for n in g.g.nodes if g.op(n) == "outer")
     g.g.nodes[n]["dims"] = ("V", "K", "M")
     with pytest.raises(IRError):
         verify(g)
-    lamixer.mixer._compile_cached.cache_clear()
+    lamixer.api._compile_cached.cache_clear()
 
 
 def test_decay_written_as_a_plain_factor_is_taken_in_log_space():

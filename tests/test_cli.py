@@ -4,7 +4,7 @@ import json
 from click.testing import CliRunner
 
 import lamixer
-from lamixer.cli import main
+from lamixer.tools.cli import main
 
 
 def run(*args):
@@ -75,7 +75,7 @@ def test_bench_and_autotune_need_a_gpu():
 def test_memory_floor_counts_inputs_and_outputs_once():
     import torch
 
-    from lamixer.bench import floors
+    from lamixer.tools.bench import floors
 
     tensors = {"q": torch.empty(2, 8, 4, 16, dtype=torch.bfloat16), "g": torch.empty(2, 8, 4, dtype=torch.float32)}
     fwd, fb = floors(tensors, out_numel=2 * 8 * 4 * 16, bandwidth=1e9)
@@ -112,7 +112,7 @@ def test_bench_saves_its_rows_as_it_goes(monkeypatch):
     run cut short by a time limit keeps what it measured. The timing itself is stubbed: there is no GPU here."""
     import torch
 
-    from lamixer import bench
+    from lamixer.tools import bench
 
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(bench, "BT_TOTAL", 32)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import lamixer
-from lamixer import call as call_module
-from lamixer.check import random_call
+from lamixer.backends import binding as call_module
 from lamixer.runtime import call as runtime_call
+from lamixer.tools.check import random_call
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def test_layer_state_checks_after_steps():
 
 def test_bench_decode_rows_without_a_gpu():
     """The decode benchmark's arithmetic and timer, with stand-ins for the GPU's parts."""
-    from lamixer import bench
+    from lamixer.tools import bench
 
     row = bench.decode_row("x", 4, state_bytes=2 * 10**6, bandwidth=1e12, step=lambda: None, replay=lambda: None, wall=lambda fn: 8.0)
     assert row == dict(op="x", B=4, state_MB=1.91, state_floor_us=4.0, us=8.0, state_GBps=500.0, vs_floor=2.0,

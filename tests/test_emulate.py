@@ -1,4 +1,4 @@
-"""lamixer.emulate: the CPU interpreter computing bf16 and float32 dots as the GPU does.
+"""lamixer.tools.emulate: the CPU interpreter computing bf16 and float32 dots as the GPU does.
 
 Its dot modes against float64 products, and bf16 kernels run under it: d(log decay), whose error the H200 showed
 (gla: 2.1e-2 from bf16 strips) and the plain interpreter could not (it runs bf16 calls in float32)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lamixer import emulate
+from lamixer.tools import emulate
 
 WORKER = Path(__file__).resolve().parent / "emulate_worker.py"
 
@@ -90,9 +90,9 @@ import sys
 import torch
 import lamixer
 from lamixer import emulate
-from lamixer.autotune import Config
+from lamixer.tuning.autotune import Config
 from lamixer.backends import triton as tb
-from lamixer.check import compare, random_call
+from lamixer.tools.check import compare, random_call
 
 emulate.check_bounds()
 m = lamixer.load("gated_deltanet")

@@ -385,10 +385,10 @@ def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_by_name(monkey
     inside Triton's driver lookup; "auto" runs them on torch."""
     import triton.language  # noqa: F401  imported under the interpreter (conftest): Triton's own jit functions take the mode then
 
-    from lamixer.check import random_call
+    from lamixer.tools.check import random_call
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    m = lamixer.loads(lamixer.mixer.shipped_source("gla"), "gla")
+    m = lamixer.loads(lamixer.api.shipped_source("gla"), "gla")
     tensors, _ = random_call(m, dtype=torch.float32)
     with pytest.raises(lamixer.ArgumentError, match="argument 'backend'.*inputs are on cpu.*CUDA tensors.*TRITON_INTERPRET=1"):
         m(**tensors, backend="triton")

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lamixer
-from lamixer.mixer import shipped_source
+from lamixer.api import shipped_source
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "0"))
 FUZZ = settings(
@@ -132,7 +132,7 @@ def test_mutated_shipped_specs_raise_only_lamixer_errors(text):
 @given(mutated_spec())
 def test_mutated_specs_that_compile_can_be_called(text):
     """A spec the compiler accepts must not crash the backends (a crash means a check is missing)."""
-    from lamixer.check import random_call
+    from lamixer.tools.check import random_call
 
     mixer = load_or_located_error(text)
     if mixer is None:
@@ -251,7 +251,7 @@ def typed_spec(draw):
 @given(typed_spec(), st.booleans())
 def test_typed_random_mixers_compile_or_fail_located_and_run(text, packed):
     """Found: a delta rule's erase read also used by the output compiled, then crashed the torch backend."""
-    from lamixer.check import random_call
+    from lamixer.tools.check import random_call
 
     mixer = load_or_located_error(text)
     if mixer is None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import lamixer
 from lamixer.emit.package import runtime_files
-from lamixer.generate import write
+from lamixer.emit.write import write
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
 REGENERATE = "lamixer compile --all -o generated"

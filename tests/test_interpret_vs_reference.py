@@ -220,7 +220,7 @@ def test_varlen_matches_per_sequence_reference(name):
 def test_parameter_gradients_in_half_precision_sum_in_the_compute_dtype():
     """A parameter read at every token (rwkv6's bonus u) gets its gradient summed over the tokens in the compute
     dtype: converted per token, autograd summed thousands of float16 terms into the float16 leaf (4.5e-3 here)."""
-    from lamixer.check import forward_backward, random_call, rel_rms
+    from lamixer.tools.check import forward_backward, random_call, rel_rms
 
     m = lamixer.load("rwkv6")
     tensors, states = random_call(m, B=2, T=600, H=2, size=16, gate="weak", dtype=torch.float16, seed=1)

@@ -127,7 +127,7 @@ def test_interpreter_backend_agrees():
 
 
 def test_rotary_depends_on_relative_position_only():
-    from lamixer.runtime.layer import rotate as _rotate
+    from lamixer.runtime.blocks import rotate as _rotate
 
     q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
 
@@ -191,7 +191,7 @@ def test_bad_options():
     with pytest.raises(lamixer.ArgumentError, match="argument 'num_heads'"):
         lamixer.Layer("gla", 16, 0)
     with pytest.raises(lamixer.ArgumentError, match="argument 'spec'.*no layer section"):
-        lamixer.Layer(lamixer.loads(lamixer.mixer.shipped_source("gla").split("\nlayer")[0]), 16, 2)
+        lamixer.Layer(lamixer.loads(lamixer.api.shipped_source("gla").split("\nlayer")[0]), 16, 2)
 
 
 # ---- the layer section's own errors are located ----

@@ -25,15 +25,15 @@ from test_fuzz import mutated_spec, typed_spec
 from test_layers import SMALL
 
 import lamixer
+from lamixer.backends.binding import bind
 from lamixer.backends.triton import direct_operands
-from lamixer.call import bind
-from lamixer.check import random_call, rel_rms
 from lamixer.emit import source
-from lamixer.emit.kernels import configs
-from lamixer.emit.mixer import MODULE_NAMES
+from lamixer.emit.mixer_module import MODULE_NAMES
 from lamixer.emit.package import package_name
-from lamixer.generate import write
+from lamixer.emit.scans_module import configs
+from lamixer.emit.write import write
 from lamixer.runtime import ops
+from lamixer.tools.check import random_call, rel_rms
 
 SPECS = lamixer.shipped_specs()
 WORKER = Path(__file__).resolve().parent / "package_worker.py"

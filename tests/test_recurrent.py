@@ -16,7 +16,7 @@ from test_layers import SMALL
 import lamixer
 from lamixer.backends import recurrent
 from lamixer.backends import triton as triton_backend
-from lamixer.check import random_call, rel_rms
+from lamixer.tools.check import random_call, rel_rms
 
 TOL = 1e-12  # float64 all the way: only summation order differs from the interpreter
 SPECS = lamixer.shipped_specs() + sorted(os.path.join(EXAMPLES, f) for f in os.listdir(EXAMPLES) if f.endswith(".lam"))

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import lamixer
-from lamixer.backends import torch as torch_backend
-from lamixer.call import bind
-from lamixer.check import compare, random_call, rel_rms
+from lamixer.backends import evaluate as torch_backend
+from lamixer.backends.binding import bind
+from lamixer.tools.check import compare, random_call, rel_rms
 
 TOL = 1e-7
 SPECS = lamixer.shipped_specs()

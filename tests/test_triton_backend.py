@@ -8,8 +8,8 @@ from conftest import EXAMPLE_SPECS as EXAMPLES
 
 import lamixer
 from lamixer.backends import triton as triton_backend
-from lamixer.check import compare, forward_backward, random_call, rel_rms
 from lamixer.runtime import fuse
+from lamixer.tools.check import compare, forward_backward, random_call, rel_rms
 
 TOL = 1e-7
 ADDITIVE = [n for n in lamixer.shipped_specs()
@@ -94,7 +94,7 @@ def test_torch_compile_fullgraph_does_not_break_on_a_mixer(name, monkeypatch):
     cached with the spec), with named arguments."""
     monkeypatch.setattr(triton_backend, "_chosen", {})
     monkeypatch.setattr(triton_backend, "_traced", {})
-    m = lamixer.loads(lamixer.mixer.shipped_source(name) + "\n", name)  # a spec compiled afresh
+    m = lamixer.loads(lamixer.api.shipped_source(name) + "\n", name)  # a spec compiled afresh
     tensors, _ = random_call(m, T=20, H=2, dtype=torch.float32, initial_state=False, seed=3)
     compiled_fn = torch.compile(lambda **xs: m(**xs, backend="triton")[0], fullgraph=True, backend="aot_eager")
     leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}
@@ -114,7 +114,7 @@ def test_walks_split_over_key_rows_match_interpreter(name, monkeypatch):
     16 key rows, the last partial), one sequence and packed ones."""
     from dataclasses import replace
 
-    from lamixer.autotune import default_config
+    from lamixer.tuning.autotune import default_config
 
     m = lamixer.load(name)
     monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", replace(default_config("key", 40, 40), BK=16))
@@ -236,7 +236,7 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
     monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
     monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
     for name, T in [("deltanet", 70), ("deltanet", 90), ("lln", 70)]:
-        m = lamixer.loads(lamixer.mixer.shipped_source(name) + "\n# fused\n", name)  # compiled afresh: no fused function yet
+        m = lamixer.loads(lamixer.api.shipped_source(name) + "\n# fused\n", name)  # compiled afresh: no fused function yet
         tensors, states = random_call(m, T=T, H=2, dtype=torch.float32, seed=T)
         outs = {}
         for fused in (True, False):
@@ -257,7 +257,7 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
 def test_tracing_reads_the_configuration_an_eager_call_chose_for_its_shape(monkeypatch):
     """Under torch.compile no cache file is read: a traced call takes the configuration an eager call of its shape
     bucket chose (runtime/fuse.py runs each signature's first call eagerly), not the last one chosen for its head dims."""
-    from lamixer.autotune import Config, default_config
+    from lamixer.tuning.autotune import Config, default_config
 
     tuned = Config(32, 32, 64, 4, 1)
     monkeypatch.setattr(triton_backend, "_chosen", {})
@@ -309,7 +309,7 @@ def test_only_per_token_work_is_fused(name, fusable, monkeypatch):
     torch._dynamo.reset()
     monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
     monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
-    m = lamixer.loads(lamixer.mixer.shipped_source(name) + "\n# fusable?\n", name)
+    m = lamixer.loads(lamixer.api.shipped_source(name) + "\n# fusable?\n", name)
     tensors, _ = random_call(m, T=70, H=2, dtype=torch.float32, seed=1, initial_state=False)
     for _ in range(2):
         m(**tensors, backend="triton")
@@ -452,7 +452,7 @@ def test_what_fuse_compiles_traces_to_one_graph(name):
     normaliser included) as one graph: a break would compile its pieces apart."""
     import dataclasses
 
-    from lamixer.call import bind
+    from lamixer.backends.binding import bind
 
     m = lamixer.load(name)
     tensors, _ = random_call(m, B=2, T=140, H=2, size=16, dtype=torch.float32, initial_state=False, distinct=False)

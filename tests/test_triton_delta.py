@@ -7,10 +7,10 @@ import torch
 from conftest import EXAMPLE_SPECS as EXAMPLES
 
 import lamixer
-from lamixer.autotune import Config
 from lamixer.backends import triton as triton_backend
 from lamixer.backends import triton_delta
-from lamixer.check import compare, random_call
+from lamixer.tools.check import compare, random_call
+from lamixer.tuning.autotune import Config
 
 TOL = 1e-10  # measured: below 1e-13 on every case here
 DELTA = ["deltanet", "gated_deltanet", os.path.join(EXAMPLES, "gated_delta_vector.lam")]  # no decay, scalar, per key
@@ -99,7 +99,7 @@ def test_rendered_kernels_are_named_for_their_configuration():
 
 
 def test_tuning_a_delta_spec_stores_under_its_kernel(tmp_path, monkeypatch):
-    from lamixer import autotune as at
+    from lamixer.tuning import autotune as at
 
     monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
     at._memo.clear()

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.blocks import LayerBase, norm_module, option, output_norm, projection, short_conv, short_conv_module, size, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import LayerBase, norm_module, option, output_norm, projection, short_conv, short_conv_module, size, whole
 from .mixer import deltanet
 
 SPEC_KEY = "deltanet:b6662e0e1f159eb9"  # a LayerState fits only layers of this spec

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.blocks import LayerBase, norm_module, option, output_gate, output_norm, projection, size, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import LayerBase, norm_module, option, output_gate, output_norm, projection, size, whole
 from .mixer import gla
 
 SPEC_KEY = "gla:0c1883aae95eea32"  # a LayerState fits only layers of this spec

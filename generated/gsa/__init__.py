@@ -4,8 +4,8 @@
     layer = Layer(hidden_size=1024, num_heads=4)
     y = layer(x)
 """
+from ..runtime.blocks import LayerState
 from ..runtime.errors import ArgumentError, LamixerError
-from ..runtime.layer import LayerState
 from .layer import Layer
 from .mixer import gsa
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.blocks import LayerBase, norm_module, option, output_norm, projection, size, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import LayerBase, norm_module, option, output_norm, projection, size, whole
 from .mixer import gsa
 
 SPEC_KEY = "gsa:ca98e9e0a3bc895b"  # a LayerState fits only layers of this spec

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.blocks import LayerBase, norm_module, option, output_norm, projection, size, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import LayerBase, norm_module, option, output_norm, projection, size, whole
 from .mixer import hgrn2
 
 SPEC_KEY = "hgrn2:7c2e7d05bc53d105"  # a LayerState fits only layers of this spec

@@ -6,7 +6,7 @@ STRIP_DECAYS, FLOAT32_DOTS, _strip_args, STRIP, diagonal_span, _chunks, _chunk_c
 _snapshot_dtype, PRECISION, _chunk_forward, chunk_scan, _chunk_backward_impl, chunk_scan_backward,
 _chunk_save, _chunk_grads, _chunk_setup_context, _EagerChunkScan, launch_problems, run_scan_op,
 run_chunk_scan, state_key_block, walk_key_blocks, state_stages, ACC_PRECISIONS, bf16_interpreted,
-_acc_precision, _launch, triton_cdiv, triton_scan; from lamixer/autotune.py: Config, _pow2,
+_acc_precision, _launch, triton_cdiv, triton_scan; from lamixer/tuning/autotune.py: Config, _pow2,
 default_config.
 What comes before the copies is this file's own: kernels() imports the rendered modules beside this
 file; scan_config gives every call the default configuration (lamixer's tuned ones live in lamixer's

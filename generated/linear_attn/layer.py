@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.blocks import LayerBase, option, projection, size, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import LayerBase, option, projection, size, whole
 from .mixer import linear_attn
 
 SPEC_KEY = "linear_attn:81b87f049484a95f"  # a LayerState fits only layers of this spec

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..runtime.blocks import LayerBase, option, projection, size, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import LayerBase, option, projection, size, whole
 from .mixer import lln
 
 SPEC_KEY = "lln:38b073992beb66f8"  # a LayerState fits only layers of this spec

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.blocks import LayerBase, draw, initial_value, norm_module, option, output_gate, output_norm, projection, short_conv, short_conv_module, size, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import LayerBase, draw, initial_value, norm_module, option, output_gate, output_norm, projection, short_conv, short_conv_module, size, whole
 from .mixer import metala
 
 SPEC_KEY = "metala:20586447bae1449d"  # a LayerState fits only layers of this spec

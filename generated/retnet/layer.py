@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.blocks import LayerBase, check_rotary, norm_module, option, output_gate, output_norm, positions, projection, rotate, size, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import LayerBase, check_rotary, norm_module, option, output_gate, output_norm, positions, projection, rotate, size, whole
 from .mixer import retnet
 
 SPEC_KEY = "retnet:d365eb3cdab99346"  # a LayerState fits only layers of this spec

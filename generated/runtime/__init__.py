@@ -8,6 +8,6 @@ a compiled package and lamixer's own torch backend are the same code:
     ops.py     the meaning of the IR's primitive operations on tensors
     call.py    binding a call's tensors to a mixer's signature: shapes, dtypes, states, results
     scan.py    the chunkwise scans, block attention and whole-input statistics, packed sequences included
-    layer.py   a layer's building blocks (projections, convolutions, token shift, rotary, norms) and
+    blocks.py  a layer's building blocks (projections, convolutions, token shift, rotary, norms) and
                what every layer does around its spec's own steps (state, checks, decoding)
 """

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.blocks import SHIFT, LayerBase, draw, initial_value, lerp, norm_module, option, output_gate, output_norm, projection, size, token_shift, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import SHIFT, LayerBase, draw, initial_value, lerp, norm_module, option, output_gate, output_norm, projection, size, token_shift, whole
 from .mixer import rwkv6
 
 SPEC_KEY = "rwkv6:1075e359103ed891"  # a LayerState fits only layers of this spec

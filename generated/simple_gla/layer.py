@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..runtime.blocks import LayerBase, norm_module, option, output_gate, output_norm, projection, size, whole
 from ..runtime.call import check_backend
-from ..runtime.layer import LayerBase, norm_module, option, output_gate, output_norm, projection, size, whole
 from .mixer import simple_gla
 
 SPEC_KEY = "simple_gla:c89b0f6b83a8c644"  # a LayerState fits only layers of this spec

@@ -9,9 +9,9 @@ from __future__ import annotations
 import networkx as nx
 import torch
 
-from ..call import Call
-from ..compiler import Compiled
+from ..passes.pipeline import Compiled
 from ..runtime import ops
+from .binding import Call
 
 
 class _Token:

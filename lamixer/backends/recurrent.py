@@ -20,11 +20,11 @@ import functools
 
 import torch
 
-from ..autotune import _pow2
-from ..call import Call
-from ..compiler import Compiled
+from ..passes.pipeline import Compiled
 from ..runtime.scan import STATES_IN_PLACE, KeyForm
-from .torch import ScanOperands
+from ..tuning.autotune import _pow2
+from .binding import Call
+from .evaluate import ScanOperands
 
 MAX_T = 64  # the longest sequence the recurrent kernel takes (see the module docstring)
 MAX_HEAD_DIM = 256  # a whole key column of the state sits in one program's registers

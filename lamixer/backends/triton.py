@@ -19,12 +19,12 @@ from pathlib import Path
 import jinja2
 import torch
 
-from ..autotune import Config, _pow2, default_config, device_name, entry_key, lookup, shape_bucket
-from ..call import Call, remember
-from ..compiler import Compiled
+from ..passes.pipeline import Compiled
 from ..runtime import fuse
-from . import torch as torch_backend
-from .torch import Direct, ScanOperands
+from ..tuning.autotune import Config, _pow2, default_config, device_name, entry_key, lookup, shape_bucket
+from . import evaluate as torch_backend
+from .binding import Call, remember
+from .evaluate import Direct, ScanOperands
 
 TEMPLATE_VERSION = 1
 _ACC = {torch.float32: "float32", torch.float64: "float64"}  # state and accumulator precision
@@ -72,7 +72,7 @@ def floored(log_decay: str, acc: str) -> str:
 
 @functools.cache
 def _environment() -> jinja2.Environment:
-    root = resources.files("lamixer").joinpath("templates")
+    root = resources.files("lamixer").joinpath("kernels/templates")
     env = jinja2.Environment(loader=jinja2.FunctionLoader(lambda name: root.joinpath(name).read_text()),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)  # fmt: skip
     env.globals["floored"] = floored

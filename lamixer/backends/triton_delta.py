@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from ..autotune import Config, _pow2, nearest_first
 from ..runtime import fuse
+from ..tuning.autotune import Config, _pow2, nearest_first
 from . import triton as tb
-from .torch import ScanOperands
+from .evaluate import ScanOperands
 
 FAMILY = "scan_delta"
 SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)

@@ -4,9 +4,9 @@ One spec (`lamixer compile SPEC -o DIR`) gives a standalone package DIR/<name>/ 
 torch (and triton, when its kernels run):
 
     <name>/__init__.py   the API: the mixer function, Layer, LayerState, the errors
-    <name>/mixer.py      the mixer: its call and its kernel plan written out (lamixer/emit/mixer.py)
-    <name>/layer.py      Layer, from the spec's layer section (lamixer/emit/layer.py)
-    <name>/scans.py      the scans on the Triton kernels (lamixer/emit/kernels.py)
+    <name>/mixer.py      the mixer: its call and its kernel plan written out (lamixer/emit/mixer_module.py)
+    <name>/layer.py      Layer, from the spec's layer section (lamixer/emit/layer_module.py)
+    <name>/scans.py      the scans on the Triton kernels (lamixer/emit/scans_module.py)
     <name>/kernels/      the rendered kernels, float32, and their host code (host*.py)
     <name>/runtime/      lamixer/runtime, copied verbatim: the torch fallback's scans, call binding, layer blocks
     <name>/README.md     the API, the classification and plan, the files
@@ -22,11 +22,11 @@ import sys
 from importlib import resources
 
 from ..backends.recurrent import MAX_T
-from ..compiler import Compiled
-from ..explain import default_scale_text, report
-from . import kernels as kernels_mod
-from . import layer as layer_mod
-from . import mixer as mixer_mod
+from ..passes.pipeline import Compiled
+from ..tools.explain import default_scale_text, report
+from . import layer_module as layer_mod
+from . import mixer_module as mixer_mod
+from . import scans_module as kernels_mod
 from . import source as src
 
 SHARED = ("runtime", "kernels")  # folder names a shared layout keeps at DIR level
@@ -110,7 +110,7 @@ def _init(c: Compiled, function: str, up: str) -> str:
     imports = [f"from {up}runtime.errors import ArgumentError, LamixerError"]
     exports = [function, "ArgumentError", "LamixerError"]
     if has_layer:
-        imports += [f"from {up}runtime.layer import LayerState", "from .layer import Layer"]
+        imports += [f"from {up}runtime.blocks import LayerState", "from .layer import Layer"]
         exports += ["Layer", "LayerState"]
     imports.append(f"from .mixer import {function}")
     lines += sorted(imports, key=lambda line: (line.startswith("from .") and not line.startswith("from .."), line))

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from .. import ir
 from ..errors import SpecError
+from ..ir import graph as ir
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from .. import ir
+from ..ir import graph as ir
 
 
 def _is_version(g: ir.Graph, n: int) -> bool:

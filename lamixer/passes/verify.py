@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from .. import ir
+from ..ir import graph as ir
 
 
 class IRError(AssertionError):

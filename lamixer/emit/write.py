@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .compiler import Compiled
-from .emit.package import files
+from ..passes.pipeline import Compiled
+from .package import files
 
 
 def write(specs: list[Compiled], out_dir: str | Path) -> list[Path]:

@@ -14,8 +14,8 @@ import traceback
 import torch
 import torch.nn.functional as F
 
+from ..api import Mixer
 from .check import random_call, rel_rms
-from .mixer import Mixer
 
 H, D, BT_TOTAL = 16, 128, 32768
 DEVICE = "cuda"  # where run() puts its tensors
@@ -210,7 +210,7 @@ def _guarded(op: str, B: int, make) -> dict:
 def decode_rows(m: Mixer, bandwidth: float, have_fla: bool = False) -> list[dict]:
     """The one-token step of the mixer call (bf16 inputs, float32 states, H = 16, D = 128) and of a layer of the
     spec (hidden = H * D), each from Python and as a CUDA-graph replay, at B = 1, 64, 256."""
-    from .layers import Layer
+    from ..layer import Layer
 
     rows = []
     for B in DECODE_BATCHES:

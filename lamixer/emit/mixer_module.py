@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import re
 
-from ..compiler import Compiled
-from ..explain import default_scale_text, expr
-from . import kernels as kernels_mod
+from ..passes.pipeline import Compiled
+from ..tools.explain import default_scale_text, expr
+from . import scans_module as kernels_mod
 from . import source as src
 from .source import Module, Names
 

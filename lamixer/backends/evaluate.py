@@ -2,7 +2,7 @@
 
 Per-token work runs node by node on all tokens at once (lamixer.runtime.ops); each state is one
 chunkwise scan (lamixer.runtime.scan), run as the classification says (never by a mixer's name).
-`lamixer compile` writes the same evaluation out as straight-line code (lamixer/emit/mixer.py).
+`lamixer compile` writes the same evaluation out as straight-line code (lamixer/emit/mixer_module.py).
 """
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..call import Call, remember
-from ..compiler import Compiled
 from ..passes.classify import Scan
+from ..passes.pipeline import Compiled
 from ..runtime import ops
 from ..runtime.scan import KeyForm, ScanOperands, attention_dtype, block_attention, scan_group, stat, torch_scan
+from .binding import Call, remember
 
 __all__ = ["Direct", "ScanOperands", "run", "torch_scan"]
 

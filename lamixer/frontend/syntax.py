@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import Loc
+from ..errors import Loc
 
 
 # ---- expressions ----

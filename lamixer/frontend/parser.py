@@ -7,15 +7,15 @@ from importlib import resources
 import lark
 from lark import Token, Transformer, v_args
 
+from ..errors import Loc, SpecError
 from . import syntax as S
-from .errors import Loc, SpecError
 
 MAX_SOURCE_CHARS = 100_000
 
 
 @functools.cache
 def _parser() -> lark.Lark:
-    grammar = resources.files("lamixer").joinpath("grammar/lamixer.lark").read_text()
+    grammar = resources.files("lamixer").joinpath("frontend/grammar/lamixer.lark").read_text()
     return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
 
 

@@ -2,8 +2,8 @@
 
 The class builds the same modules, in the same order (so one seed gives the same parameters), with
 the same names (so state dicts move between it and lamixer.Layer) as lamixer.Layer does when it
-interprets the section; its `_mix` is the section's steps in lamixer.runtime.layer's order, one line
-each. Everything around the steps (checks, state, decoding) is runtime.layer.LayerBase.
+interprets the section; its `_mix` is the section's steps in lamixer.runtime.blocks's order, one line
+each. Everything around the steps (checks, state, decoding) is runtime.blocks.LayerBase.
 
 Expressions keep lamixer.Layer's arithmetic: numbers (options, sizes, literals) are Python numbers
 until two meet, which then combine as float64 tensors; a tensor and a number combine in the
@@ -11,9 +11,9 @@ tensor's dtype.
 """
 from __future__ import annotations
 
-from .. import syntax as S
-from ..compiler import Compiled
-from ..lower import HIDDEN, canonical_fn
+from ..frontend import syntax as S
+from ..ir.lower import HIDDEN, canonical_fn
+from ..passes.pipeline import Compiled
 from ..runtime import ops
 from . import source as src
 from .source import Module, Names
@@ -24,7 +24,7 @@ MODULE_NAMES = ("SPEC_KEY", "BACKENDS", "Layer", "LayerBase", "torch", "F", "nn"
 
 
 class _Expr:
-    """Spells layer-section expressions (lamixer.layers._evaluate written out).
+    """Spells layer-section expressions (lamixer.layer._evaluate written out).
 
     A value is (code, dims, kind); kind "number" is a Python number, "0d" a 0-d float64 tensor (two numbers
     combined, as lamixer.Layer combines them), "tensor" anything else. Numbers and 0-d tensors are never
@@ -86,7 +86,7 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
     m.use("torch", "nn")
     m.use(".mixer", mixer_function)
     for name in ("LayerBase", "option", "size", "whole"):
-        m.use(runtime + ".layer", name)
+        m.use(runtime + ".blocks", name)
     m.use(runtime + ".call", "check_backend")
 
     # ---- __init__ ----
@@ -134,12 +134,12 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
         return " * ".join(factors) or "1"
 
     widths = {p.name: width(p.dims, p.shared) for p in info.projs}
-    m.use(runtime + ".layer", "projection")
+    m.use(runtime + ".blocks", "projection")
     projs = [f"{src.text(p.name)}: projection({hidden}, {widths[p.name]}, {'None' if p.rank is None else count(p.rank)}, "
              f"{'None' if p.activation is None else src.text(p.activation)}, {p.bias})," for p in info.projs]  # fmt: skip
     body += ["self.proj = nn.ModuleDict({", *("    " + line for line in projs), "})"]
     if info.convs:
-        m.use(runtime + ".layer", "short_conv_module")
+        m.use(runtime + ".blocks", "short_conv_module")
         convs = [f"{src.text(c.name)}: short_conv_module({hidden if c.name == HIDDEN else widths[c.name]}, {count(c.kernel)})," for c in info.convs]
         body += ["self.conv = nn.ModuleDict({", *("    " + line for line in convs), "})"]
     else:
@@ -153,7 +153,7 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
         body += ["self.shift_lora = nn.ModuleDict({  # the data-dependent part of the mix", *lora, "})"] if lora else ["self.shift_lora = nn.ModuleDict()"]
         body.append(f"self.shift_mu_x = nn.Parameter(torch.full(({hidden},), 0.5))" if ranked else "self.shift_mu_x = None")
     if info.params:
-        m.use(runtime + ".layer", "initial_value")
+        m.use(runtime + ".blocks", "initial_value")
         params = []
         for name, p in info.params.items():
             shape = ([H] if p.per_head else []) + [dims[d] for d in p.dims]
@@ -161,7 +161,7 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
             code = _Expr(m, {**numbers, **{d: (dims[d], (), "number") for d in g.dims}}, shape_code)(p.init)[0]
             for fn in ("draw", "inv_softplus"):
                 if f"{fn}(" in code:
-                    m.use(runtime + ".layer", fn)
+                    m.use(runtime + ".blocks", fn)
             params.append(f"    {src.text(name)}: nn.Parameter(initial_value({_bare(code)}, {shape_code})),")
         body += ["self.params = nn.ParameterDict({  # drawn in the section's order", *params, "})"]
     else:
@@ -172,14 +172,14 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
         if p.kind == "gate":
             post.append(f"nn.Linear({hidden}, {value_width}, bias=False),")
         else:
-            m.use(runtime + ".layer", "norm_module")
+            m.use(runtime + ".blocks", "norm_module")
             n = " * ".join(dims[d] for d in g.dims_of(g.output)) if p.per_head else value_width
             post.append(f"norm_module({n}, {src.text(p.fn)}),")
     body += ["self.post = nn.ModuleList([", *("    " + line for line in post), "])"] if post else ["self.post = nn.ModuleList()"]
     body.append(f"self.o_proj = nn.Linear({value_width}, {hidden}, bias=False)")
     operands = {op.name: op for op in g.operands}
     for r in info.rotary:
-        m.use(runtime + ".layer", "check_rotary")
+        m.use(runtime + ".blocks", "check_rotary")
         dim = operands[r.name].dims[0]
         body.append(f"check_rotary({src.text(r.name)}, {src.text(dim)}, {dims[dim]})")
 
@@ -246,7 +246,7 @@ def _mix(compiled: Compiled, m: Module, runtime: str, mixer_function: str) -> li
 
     convs = {c.name: c for c in info.convs}
     if HIDDEN in convs:
-        m.use(runtime + ".layer", "short_conv")
+        m.use(runtime + ".blocks", "short_conv")
         body.append(f"{h}, {caches}[{src.text(HIDDEN)}] = short_conv(self.conv[{src.text(HIDDEN)}], {x}, {cache(HIDDEN)}, {cu})  # [B, T, hidden]")
         if convs[HIDDEN].activation:
             body.append(f"{h} = {activation(convs[HIDDEN].activation, h)}")
@@ -256,7 +256,7 @@ def _mix(compiled: Compiled, m: Module, runtime: str, mixer_function: str) -> li
     if shifts:
         delta = names.claim("delta")
         for fn in ("token_shift", "lerp", "SHIFT"):
-            m.use(runtime + ".layer", fn)
+            m.use(runtime + ".blocks", fn)
         body.append(f"{delta}, {caches}[SHIFT] = token_shift({h}, None if {state} is None else {state}.conv[SHIFT], {cu})  # h_(t-1) - h_t")
         if any(s.rank is not None for s in info.shifts):
             base = names.claim("base")
@@ -272,7 +272,7 @@ def _mix(compiled: Compiled, m: Module, runtime: str, mixer_function: str) -> li
         y = f"self.proj[{src.text(p.name)}]({source})"
         local = inputs[p.name]
         if p.name in convs:
-            m.use(runtime + ".layer", "short_conv")
+            m.use(runtime + ".blocks", "short_conv")
             body.append(f"{local}, {caches}[{src.text(p.name)}] = short_conv(self.conv[{src.text(p.name)}], {y}, {cache(p.name)}, {cu})")
             y = local if convs[p.name].activation is None else activation(convs[p.name].activation, local)
         shape = [dims[d] for d in p.dims]
@@ -295,8 +295,8 @@ def _mix(compiled: Compiled, m: Module, runtime: str, mixer_function: str) -> li
         env[mp.name] = (inputs[mp.name], mp.dims, "tensor")
     if info.rotary:
         pos = names.claim("pos")
-        m.use(runtime + ".layer", "positions")
-        m.use(runtime + ".layer", "rotate")
+        m.use(runtime + ".blocks", "positions")
+        m.use(runtime + ".blocks", "rotate")
         body.append(f"{pos} = positions({B}, {T}, {cu}, {offset}, {x}.device)  # [B, T]: each token's position in its sequence")
         for r in info.rotary:
             base_ = f"{float(r.base)!r}" if isinstance(r.base, int) else f"float(whole(self.options[{src.text(r.base)}], {src.text(f'option {r.base!r}')}, {src.text(r.base)}))"
@@ -311,10 +311,10 @@ def _mix(compiled: Compiled, m: Module, runtime: str, mixer_function: str) -> li
     ]
     for i, p in enumerate(info.post):
         if p.kind == "gate":
-            m.use(runtime + ".layer", "output_gate")
+            m.use(runtime + ".blocks", "output_gate")
             body.append(f"{o} = output_gate({o}, self.post[{i}], {x}, {m.uses(src.function(*_unary(p.fn)))})")
         else:
-            m.use(runtime + ".layer", "output_norm")
+            m.use(runtime + ".blocks", "output_norm")
             body.append(f"{o} = output_norm({src.text(p.fn)}, {o}, self.post[{i}], {p.per_head})  # {'per head' if p.per_head else 'over all heads'}")
     width = " * ".join([H, *(dims[d] for d in g.dims_of(g.output))])
     body.append(f"return self.o_proj({o}.reshape({B}, {T}, {width})), {finals}")

@@ -4,15 +4,15 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from . import ir
-from .errors import SpecError
-from .lower import lower
-from .parser import parse
-from .passes.classify import Classification, classify
-from .passes.plan import KernelPlan, make_plan
-from .passes.rewrite import distribute_reads
-from .passes.verify import verify
-from .runtime.call import Operand, Signature
+from ..errors import SpecError
+from ..frontend.parser import parse
+from ..ir import graph as ir
+from ..ir.lower import lower
+from ..runtime.call import Operand, Signature
+from .classify import Classification, classify
+from .order import KernelPlan, make_plan
+from .rewrite import distribute_reads
+from .verify import verify
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Human-readable summaries of a compiled spec: one row for `lamixer list`, a report for `explain`."""
 from __future__ import annotations
 
-from .compiler import Compiled
+from ..passes.pipeline import Compiled
 
 
 def _shape(dims, per_head=False) -> str:
@@ -114,9 +114,9 @@ def report(c: Compiled) -> list[str]:
 
 def _kernels(c: Compiled) -> list[str]:
     """Which generated kernels the triton backend runs for each scan, or why it cannot."""
-    from .backends import triton as triton_backend
-    from .backends import triton_delta
-    from .emit.kernels import carries_normaliser, chunk_config, normalisers
+    from ..backends import triton as triton_backend
+    from ..backends import triton_delta
+    from ..emit.scans_module import carries_normaliser, chunk_config, normalisers
 
     missing = triton_backend.unsupported(c)
     if missing:
@@ -138,8 +138,8 @@ def _kernels(c: Compiled) -> list[str]:
 
 def _recurrent_kernels(c: Compiled) -> list[str]:
     """The recurrent kernel each scan runs on for inference on short sequences (backends/recurrent.py)."""
-    from .backends import recurrent
-    from .emit.kernels import recurrent_configs
+    from ..backends import recurrent
+    from ..emit.scans_module import recurrent_configs
 
     if not recurrent_configs(c):
         return ["recurrent kernel: none (a scan without reads)"] if c.classification.scans else []

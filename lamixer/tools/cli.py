@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from ..api import SPEC_SUFFIX, Mixer, load, shipped_source, shipped_specs
+from ..errors import LamixerError
 from . import explain as explain_mod
-from .errors import LamixerError
-from .mixer import SPEC_SUFFIX, Mixer, load, shipped_source, shipped_specs
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -82,7 +82,7 @@ INFERENCE_CASES = [  # without gradients, where the triton backend runs the recu
 @click.option("--device", default=None, help="Where the random inputs live (default: cuda when visible and not under TRITON_INTERPRET, else cpu).")
 def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], seed: int, device: str | None) -> None:
     """Run backends against the interpreter on random float64 inputs: outputs, final states, all gradients."""
-    from .backends import triton as triton_backend
+    from ..backends import triton as triton_backend
     from .check import compare, random_call
 
     names = list(specs) + (shipped_specs() if all_specs else [])
@@ -186,7 +186,7 @@ def autotune(spec: str, B: int, T: int, H: int, size: int, dtype: str, limit: in
         os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
         raise click.ClickException("autotune times kernels on a GPU and none is visible (use --interpret to exercise it on the CPU)")
-    from . import autotune as at
+    from ..tuning import autotune as at
 
     m = _load(spec)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -227,8 +227,8 @@ def bench(specs: tuple[str, ...], vs: str, Ts: str, decode: bool, plot_file: str
 
     import torch
 
+    from ..backends import triton as triton_backend
     from . import bench as bench_mod
-    from .backends import triton as triton_backend
 
     if not torch.cuda.is_available():
         raise click.ClickException("bench times kernels on a GPU and none is visible")
@@ -270,7 +270,7 @@ def compile_cmd(specs: tuple[str, ...], all_specs: bool, out_dir: str) -> None:
 
     One spec gives a standalone package (its own runtime/ and kernels/); several share one runtime/ and
     kernels/ at OUT_DIR level, so OUT_DIR becomes a package too (generated/ is --all)."""
-    from .generate import write
+    from ..emit.write import write
 
     names = list(specs) + (shipped_specs() if all_specs else [])
     if not names:

@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 
 from .backends import recurrent
-from .call import BACKENDS, Call, bind, remember
-from .compiler import Compiled, compile_spec
+from .backends.binding import BACKENDS, Call, bind, remember
 from .errors import ArgumentError
+from .passes.pipeline import Compiled, compile_spec
 from .runtime.call import check_flags, pick_backend, results
 
 SPEC_SUFFIX = ".lam"
@@ -81,7 +81,7 @@ class Mixer:
         elif backend == "triton":
             from .backends import triton as impl
         else:
-            from .backends import torch as impl
+            from .backends import evaluate as impl
         return impl
 
 

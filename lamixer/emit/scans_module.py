@@ -21,10 +21,10 @@ import symtable
 import textwrap
 from dataclasses import dataclass
 
-from .. import autotune
 from ..backends import recurrent, triton_delta
 from ..backends import triton as triton_backend
-from ..compiler import Compiled
+from ..passes.pipeline import Compiled
+from ..tuning import autotune
 from . import source as src
 
 ACC = "float32"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .mixer import Mixer
+from ..api import Mixer
 
 GATE_SHIFT = {"weak": 4.0, "normal": 0.0, "strong": -3.0}
 

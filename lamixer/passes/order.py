@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from .. import ir
+from ..ir import graph as ir
 from .classify import Classification, Scan
 
 # Chunk lengths of the torch backend: a per-dim decay materialises [C, C, dim] score tensors.

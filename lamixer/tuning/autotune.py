@@ -138,11 +138,11 @@ _memo: dict[str, dict] = {}
 
 
 def _entries() -> dict:
-    """Shipped configurations (lamixer/configs/*.json), overridden by the user's cache; read once per process."""
+    """Shipped configurations (lamixer/tuning/configs/*.json), overridden by the user's cache; read once per process."""
     key = str(cache_file())
     if key not in _memo:
         entries: dict = {}
-        shipped = resources.files("lamixer").joinpath("configs")
+        shipped = resources.files("lamixer").joinpath("tuning/configs")
         if shipped.is_dir():
             for f in sorted(shipped.iterdir()):
                 if f.name.endswith(".json"):
@@ -236,8 +236,8 @@ def _step(mixer, leaves: dict, h0: tuple, do: torch.Tensor) -> None:
 def search_space(mixer, size: int) -> tuple[str, list[Config]]:
     """The template family `tune` searches for a spec (its first scan's) and that family's candidates, default first;
     each family has its own axes, and a spec's scans of another family keep their configurations."""
-    from .backends import triton as tb
-    from .emit.kernels import chunk_config, normalisers
+    from ..backends import triton as tb
+    from ..emit.scans_module import chunk_config, normalisers
 
     family, decay, _ = chunk_config(mixer.compiled.classification.scans[0])
     space = (tb.triton_delta.candidates if family == tb.triton_delta.FAMILY else candidates)(decay, size, size)
@@ -262,8 +262,8 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     Returns the trials and the cache keys written. Timing uses triton.testing.do_bench on a GPU (the
     only meaningful place); under the CPU interpreter it uses wall time, for testing the machinery.
     """
-    from .backends import triton as tb
-    from .check import forward_backward, random_call, rel_rms
+    from ..backends import triton as tb
+    from ..tools.check import forward_backward, random_call, rel_rms
 
     missing = tb.unsupported(mixer.compiled)
     if missing:
@@ -275,7 +275,7 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     h0 = tuple(s.detach().clone().requires_grad_() for s in states)
     do = torch.randn_like(reference["o"]).to(dtype)
     tol = 1e-3 if dtype == torch.float32 else 1e-2
-    from .emit.kernels import carries_normaliser, chunk_config, normalisers
+    from ..emit.scans_module import carries_normaliser, chunk_config, normalisers
 
     tuned, space = search_space(mixer, size)
     K = size

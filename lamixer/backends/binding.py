@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from .compiler import Compiled
-from .errors import ArgumentError
-from .runtime import call as runtime_call
-from .runtime import ops
-from .runtime.call import Call, remember
+from ..errors import ArgumentError
+from ..passes.pipeline import Compiled
+from ..runtime import call as runtime_call
+from ..runtime import ops
+from ..runtime.call import Call, remember
 
 __all__ = ["BACKENDS", "Call", "bind", "bind_operands", "remember"]
 

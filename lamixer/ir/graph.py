@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from .errors import Loc
+from ..errors import Loc
 
 # Elementwise functions of one argument (the meaning of each lives in lamixer/runtime/ops.py).
 UNARY = ("exp", "log", "sigmoid", "logsigmoid", "softplus", "silu", "elu", "relu", "tanh", "sqrt", "abs")
@@ -144,7 +144,7 @@ class Graph:
         return text + (f" [{', '.join(d['dims'])}]" if d["dims"] else "")
 
 
-# ---- the layer section, lowered: a declarative plan that lamixer.layers builds modules from ----
+# ---- the layer section, lowered: a declarative plan that lamixer.layer builds modules from ----
 # Expressions stay syntax trees (lamixer.syntax); lowering has checked every name and dim in them.
 @dataclass(frozen=True)
 class LayerParamInfo:

@@ -2,8 +2,8 @@
 
 Everything a layer does comes from the lowered layer section (lamixer.ir.LayerInfo) and the options
 it declares; this module knows no mixer by name. The building blocks, the order of the steps and what
-every layer does around them (state, checks, decoding) are lamixer.runtime.layer's; `lamixer compile`
-writes the same steps out as a package's layer module (lamixer/emit/layer.py).
+every layer does around them (state, checks, decoding) are lamixer.runtime.blocks'; `lamixer compile`
+writes the same steps out as a package's layer module (lamixer/emit/layer_module.py).
 """
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import ir
-from . import syntax as S
-from .call import BACKENDS
+from .api import Mixer, load
+from .backends.binding import BACKENDS
 from .errors import ArgumentError
-from .lower import HIDDEN, canonical_fn
-from .mixer import Mixer, load
+from .frontend import syntax as S
+from .ir import graph as ir
+from .ir.lower import HIDDEN, canonical_fn
 from .runtime import ops
-from .runtime.call import check_backend
-from .runtime.layer import (
+from .runtime.blocks import (
     SHIFT,
     LayerBase,
     LayerState,
@@ -43,6 +42,7 @@ from .runtime.layer import (
     token_shift,
     whole,
 )
+from .runtime.call import check_backend
 
 __all__ = ["SHIFT", "Layer", "LayerState"]
 

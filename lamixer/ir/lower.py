@@ -5,9 +5,9 @@ import difflib
 
 import networkx as nx
 
-from . import ir
-from . import syntax as S
-from .errors import Loc, SpecError
+from ..errors import Loc, SpecError
+from ..frontend import syntax as S
+from . import graph as ir
 
 RESERVED = {"h": "the head index", "scale": "the read-out scale", "H": "the number of heads"}
 CALLS = set(ir.UNARY) | {"pow", "max", "min", "sum", "mean", "l2norm", "softmax", "dot", "outer", "block_attention"}
