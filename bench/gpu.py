@@ -121,7 +121,7 @@ def main():
                 check_recurrent(args.specs.split(",") if args.specs else lamixer.shipped_specs(), res["rows"])
             check(names, res["rows"], args.quick)
         if args.autotune:
-            from lamixer.tuning import autotune
+            from lamixer.tuning import search as autotune
 
             for n in args.time_specs.split(",") if args.time_specs else names:
                 trials, keys = autotune.tune(lamixer.load(n), 4, 8192, 16, 128, torch.bfloat16, "cuda", args.autotune)

@@ -17,10 +17,10 @@ import time
 import torch
 
 import lamixer
-from lamixer.backends import triton as tb
+from lamixer.kernels.config import Config
 from lamixer.tools import bench
 from lamixer.tools.check import forward_backward, random_call, rel_rms
-from lamixer.tuning.autotune import Config
+from lamixer.tuning.search import configured
 
 TOP = 14  # kernels listed per profile (--top)
 
@@ -52,14 +52,17 @@ def kernel_times(fn, do, backward: bool = True, leaves=()) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1])[:TOP])
 
 
+def launcher(m, config):
+    """m's call, its first scan group's chunk template launched with `config` (None: the tuned or default one)."""
+    if config is None:
+        return lambda **kw: m(**kw, backend="triton")
+    return configured(m, {m.compiled.plan.groups[0].train.template: config})
+
+
 def check(m, config) -> float:
     tensors, states = random_call(m, B=2, T=300, H=4, size=64, dtype=torch.float32, device="cuda", seed=3)
     states = tuple(s.float() for s in states)
-    tb.CONFIG_OVERRIDE = config
-    try:
-        got = forward_backward(m, tensors, states, "triton")
-    finally:
-        tb.CONFIG_OVERRIDE = None
+    got = forward_backward(m, tensors, states, "triton", call=launcher(m, config))
     ref = forward_backward(m, {k: v.double() for k, v in tensors.items()}, tuple(s.double() for s in states), "torch")
     return max(rel_rms(got[k], ref[k]) for k in ref)
 
@@ -102,15 +105,13 @@ def main():
             row = dict(spec=name, config=config.as_list() if config else "default")
             try:
                 row["check"] = check(m, config)
-                tb.CONFIG_OVERRIDE = config
-                row.update(bench._time(name, lambda: m(**tensors, backend="triton")[0], do, {}, tensors.values()))
-                row["kernels_us"] = kernel_times(lambda: m(**tensors, backend="triton")[0], do, leaves=tensors.values())
+                call = launcher(m, config)
+                row.update(bench._time(name, lambda: call(**tensors)[0], do, {}, tensors.values()))
+                row["kernels_us"] = kernel_times(lambda: call(**tensors)[0], do, leaves=tensors.values())
                 if args.forward:
-                    row["forward_kernels_us"] = kernel_times(lambda: m(**tensors, backend="triton")[0], do, backward=False)
+                    row["forward_kernels_us"] = kernel_times(lambda: call(**tensors)[0], do, backward=False)
             except Exception as e:
                 row["error"] = repr(e)[:300]
-            finally:
-                tb.CONFIG_OVERRIDE = None
             rows.append(row)
             print(json.dumps(row), flush=True)
             save()

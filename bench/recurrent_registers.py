@@ -3,7 +3,7 @@
     python bench/recurrent_registers.py [--arch 90] [--rules additive:key,delta:key,additive:scalar] [--K 16,32,64,128,256]
 
 Triton compiles each (BK, BV, num_warps) for the target and its ptxas reports the registers a thread
-uses and any spills; lamixer/backends/recurrent.py's WARPS and WIDEST tables take, per BK, the
+uses and any spills; lamixer/kernels/recurrent.py's WARPS and WIDEST tables take, per BK, the
 blocks with no spills and few registers for every rule and decay kind. (A [64, 64] block at 4 warps
 takes 255 registers and spills while [64, 32] at 2 warps takes 80 to 96: Triton's layouts for the
 reductions over K differ by shape, so the table is measured rather than derived.)
@@ -22,7 +22,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from lamixer.backends import triton as triton_backend  # noqa: E402
+from lamixer.render import kernel_cache as triton_backend  # noqa: E402
 
 
 def _arg_type(name: str) -> str:

@@ -125,9 +125,10 @@ def main():
     args = ap.parse_args()
     if args.config:
         from lamixer.backends import triton as triton_backend
-        from lamixer.tuning.autotune import Config
+        from lamixer.kernels.config import Config
 
-        triton_backend.CONFIG_OVERRIDE = Config.from_list(args.config.split(","))
+        given = Config.from_list(args.config.split(","))
+        triton_backend.chunk_config = lambda *a, **k: given  # every scan group launches with it
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
     seen = set()
     print(f"{'kernel':<56} {'dtype':<9} {'warps':>5} {'stages':>6} {'shared':>7} {'regs':>4} {'spill':>5} {'sync':>4}")

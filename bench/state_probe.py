@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lamixer.backends import triton as tb
+from lamixer.render import kernel_cache as tb
 
 
 @triton.jit(do_not_specialize=["T"])

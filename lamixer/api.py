@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from .backends import recurrent
 from .backends.binding import BACKENDS, Call, bind, remember
 from .errors import ArgumentError
+from .kernels.recurrent import MAX_T
 from .passes.pipeline import Compiled, compile_spec
 from .runtime.call import check_flags, pick_backend, results
 
@@ -61,7 +61,7 @@ class Mixer:
         if call.memo is None:
             impl = self._backend(call, backend)
         else:  # the choice depends on nothing but the signature, the grad mode and whether the recurrent kernel takes the length
-            key = (backend, torch.is_grad_enabled(), call.longest <= recurrent.MAX_T)
+            key = (backend, torch.is_grad_enabled(), call.longest <= MAX_T)
             impl = call.memo.get(key) or remember(call.memo, key, self._backend(call, backend))
         o, finals = impl.run(self.compiled, call)
         return results(call, o, finals, output_final_state)
@@ -72,7 +72,7 @@ class Mixer:
             from .backends import triton as triton_backend
 
             # inference on short sequences runs every scan on the recurrent kernel, those the chunk templates lack included
-            missing = [] if recurrent.serves(self.compiled, call) else triton_backend.unsupported(self.compiled, call.sizes)
+            missing = [] if triton_backend.serves(self.compiled, call) else triton_backend.unsupported(self.compiled, call.sizes)
             if backend == "triton":
                 missing += triton_backend.launch_problems(call.device)
             backend = pick_backend(self.name, backend, call, missing)

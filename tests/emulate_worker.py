@@ -14,21 +14,22 @@ import torch  # noqa: E402
 
 import lamixer  # noqa: E402
 from lamixer.backends import triton as tb  # noqa: E402
+from lamixer.kernels import additive, delta  # noqa: E402
 from lamixer.tools import emulate  # noqa: E402
 from lamixer.tools.check import forward_backward, random_call, rel_rms  # noqa: E402
 
 spec, B, T, H, D, gate = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
 emulate.bf16_like_gpu()
 seen = set()
-triton_scan = tb.triton_scan
+def spying(run):
+    def spy(ops, dtype, config):  # the dtype the chunk kernels run in
+        seen.add(str(dtype))
+        return run(ops, dtype, config)
+
+    return spy
 
 
-def spy(ops, dtype):  # the dtype the chunk kernels run in
-    seen.add(str(dtype))
-    return triton_scan(ops, dtype)
-
-
-tb.triton_scan = spy
+tb.CHUNK_SCANS.update({additive.FAMILY: spying(additive.scan), delta.FAMILY: spying(delta.scan)})
 m = lamixer.load(spec)
 tensors, states = random_call(m, B=B, T=T, H=H, size=D, gate=gate, dtype=torch.bfloat16, seed=T, distinct=False)
 states = tuple(s.float() for s in states)

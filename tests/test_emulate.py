@@ -56,7 +56,7 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from lamixer import emulate
+from lamixer.tools import emulate
 
 emulate.check_bounds()
 
@@ -89,17 +89,17 @@ NARROW = """
 import sys
 import torch
 import lamixer
-from lamixer import emulate
-from lamixer.tuning.autotune import Config
-from lamixer.backends import triton as tb
+from lamixer.tools import emulate
+from lamixer.kernels.config import Config
+from lamixer.tuning.search import configured
 from lamixer.tools.check import compare, random_call
 
 emulate.check_bounds()
 m = lamixer.load("gated_deltanet")
 tensors, states = random_call(m, B=2, T=70, H=2, size=64, gate="normal", dtype=torch.float32, seed=1, distinct=False)
 for config in sys.argv[1:]:
-    tb.CONFIG_OVERRIDE, tb.OVERRIDE_FAMILY = Config(*map(int, config.split(","))), "scan_delta"
-    print(config, compare(m, "triton", tensors, states).worst)
+    call = configured(m, {"scan_delta": Config(*map(int, config.split(",")))})
+    print(config, compare(m, "triton", tensors, states, call=call).worst)
 """
 
 
@@ -107,7 +107,7 @@ def test_narrow_delta_blocks_stay_inside_their_tensors():
     """The configurations that raised an illegal memory access on the H200 (16- and 32-wide value blocks, 32-row key
     blocks; bench/results/NOTES.md) read and write only their tensors here, and compute the right values: the fault
     was the compiled code's (compute-sanitizer: the output kernel's 16-wide bf16 dot addressed shared memory out of
-    range; triton_delta.CHUNK_BLOCK)."""
+    range; kernels/delta.py CHUNK_BLOCK)."""
     configs = ["64,16,64,4,1,16,16,8", "64,32,64,4,1,32,32,8", "64,64,32,4,1,32,0,8", "32,128,32,8,2,16,32,4"]
     out = subprocess.run([sys.executable, "-c", NARROW, *configs], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]

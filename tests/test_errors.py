@@ -367,17 +367,17 @@ def test_non_finite_default_scale(gla_args):
 def test_the_tensor_core_precision_override_is_checked(monkeypatch):
     """LAMIXER_ACC_PRECISION (how float32 intermediates enter the tensor cores on a GPU, for measuring) takes Triton's
     names only, and the CPU interpreter and float64 keep exact products whatever it says."""
-    from lamixer.backends import triton as tb
+    from lamixer.kernels import launch as tb
 
     monkeypatch.setenv("LAMIXER_ACC_PRECISION", "bf16x3")
-    assert tb._acc_precision(torch.float32) == "ieee"  # the interpreter (conftest)
+    assert tb.acc_precision(torch.float32) == "ieee"  # the interpreter (conftest)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert tb._acc_precision(torch.float32) == "bf16x3" and tb._acc_precision(torch.float64) == "ieee"
+    assert tb.acc_precision(torch.float32) == "bf16x3" and tb.acc_precision(torch.float64) == "ieee"
     monkeypatch.setenv("LAMIXER_ACC_PRECISION", "fp8")
     with pytest.raises(ValueError, match="LAMIXER_ACC_PRECISION='fp8'"):
-        tb._acc_precision(torch.float32)
+        tb.acc_precision(torch.float32)
     monkeypatch.delenv("LAMIXER_ACC_PRECISION")
-    assert tb._acc_precision(torch.float32) == "tf32x3"
+    assert tb.acc_precision(torch.float32) == "tf32x3"
 
 
 def test_triton_on_cpu_tensors_without_the_interpreter_is_refused_by_name(monkeypatch):

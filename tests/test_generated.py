@@ -26,7 +26,7 @@ def test_generated_code_is_up_to_date(tmp_path):
 
 
 def test_each_additive_kernel_file_defines_its_named_kernels():
-    from lamixer.backends.triton import kernel_names
+    from lamixer.kernels.additive import kernel_names
 
     files = {p.stem: p for p in (GENERATED / "kernels").glob("*_additive_*.py") if not p.stem.startswith("recurrent")}
     # every configuration the shipped specs classify into, once: gsa's first state decays along the value dim
@@ -40,7 +40,7 @@ def test_each_additive_kernel_file_defines_its_named_kernels():
 
 
 def test_each_delta_kernel_file_defines_its_named_kernels():
-    from lamixer.backends.triton_delta import kernel_names
+    from lamixer.kernels.delta import kernel_names
 
     files = list((GENERATED / "kernels").glob("scan_delta_*.py"))
     assert len(files) == 2  # deltanet (no decay) and gated_deltanet (scalar decay)

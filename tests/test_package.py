@@ -30,7 +30,7 @@ from lamixer.backends.triton import direct_operands
 from lamixer.emit import source
 from lamixer.emit.mixer_module import MODULE_NAMES
 from lamixer.emit.package import package_name
-from lamixer.emit.scans_module import configs
+from lamixer.emit.scans_module import modules as configs
 from lamixer.emit.write import write
 from lamixer.runtime import ops
 from lamixer.tools.check import random_call, rel_rms

@@ -14,8 +14,8 @@ from conftest import EXAMPLE_SPECS as EXAMPLES
 from test_layers import SMALL
 
 import lamixer
-from lamixer.backends import recurrent
-from lamixer.backends import triton as triton_backend
+from lamixer.kernels import additive as chunk_host
+from lamixer.kernels import recurrent
 from lamixer.tools.check import random_call, rel_rms
 
 TOL = 1e-12  # float64 all the way: only summation order differs from the interpreter
@@ -42,7 +42,7 @@ def launches(monkeypatch):
         raise AssertionError("a chunk kernel ran where the recurrent kernel should")
 
     monkeypatch.setattr(recurrent, "launch", spy)
-    monkeypatch.setattr(triton_backend, "run_chunk_scan", chunk)
+    monkeypatch.setattr(chunk_host, "run_chunk_scan", chunk)
     return seen
 
 
@@ -150,9 +150,9 @@ def test_broadcast_operands_need_no_copy(launches, monkeypatch):
 def test_serves_inference_up_to_64_tokens_and_leaves_the_rest_to_the_chunk_kernels(monkeypatch):
     m = lamixer.load("simple_gla")
     used = []
-    launch, chunk = recurrent.launch, triton_backend.run_chunk_scan
+    launch, chunk = recurrent.launch, chunk_host.run_chunk_scan
     monkeypatch.setattr(recurrent, "launch", lambda *args: used.append("recurrent") or launch(*args))
-    monkeypatch.setattr(triton_backend, "run_chunk_scan", lambda *args: used.append("chunk") or chunk(*args))
+    monkeypatch.setattr(chunk_host, "run_chunk_scan", lambda *args: used.append("chunk") or chunk(*args))
 
     def kernel(T=None, grad=False, enabled=True, cu=None):
         used.clear()
@@ -253,7 +253,7 @@ def test_compiles_for_the_gpu_without_spills():
     import sys
 
     code = ("import sys; sys.path.insert(0, 'bench'); import recurrent_registers as r\n"
-            "from lamixer.backends.recurrent import WARPS\n"
+            "from lamixer.kernels.recurrent import WARPS\n"
             "for f in (False, True): print(r.registers(r.compile_kernel('delta', 'key', 'before_mid_after', 128, 32, WARPS[(128, 32)], finished=f)))")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.join(os.path.dirname(__file__), "..")

@@ -68,14 +68,17 @@ def test_specs_outside_the_templates_say_why():
 
 def test_rendered_source_is_cached_by_content(tmp_path, monkeypatch):
     monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
-    source = triton_backend.render("chunk_additive", decay="key", read="before", acc="float32")
+    from lamixer.render import kernel_cache as cache
+    from lamixer.render import templates
+
+    source = templates.render("chunk_additive", decay="key", read="before", acc="float32")
     assert "def chunk_additive_key_before_float32_state_fwd(" in source
     assert "decay=key, read=before" in source
-    triton_backend.kernels.cache_clear()
-    mod = triton_backend.kernels("chunk_additive", decay="key", read="before", acc="float32")
+    cache.kernels.cache_clear()
+    mod = cache.kernels("chunk_additive", decay="key", read="before", acc="float32")
     files = list((tmp_path / "kernels").glob("chunk_additive_*.py"))
     assert len(files) == 1 and files[0].read_text() == source and hasattr(mod, "chunk_additive_key_before_float32_strips_bwd")
-    triton_backend.kernels.cache_clear()
+    cache.kernels.cache_clear()
 
 
 def test_low_precision_inputs_keep_float32_states():
@@ -92,8 +95,10 @@ def test_torch_compile_fullgraph_does_not_break_on_a_mixer(name, monkeypatch):
     """The scans are torch.library custom ops with fake implementations (gsa: a value-dim scan, a softmax, a key-dim
     scan), and the plan runs on plain data. Traced before any eager call (no configuration chosen yet, nothing
     cached with the spec), with named arguments."""
-    monkeypatch.setattr(triton_backend, "_chosen", {})
-    monkeypatch.setattr(triton_backend, "_traced", {})
+    from lamixer.tuning import choose
+
+    monkeypatch.setattr(choose, "_chosen", {})
+    monkeypatch.setattr(choose, "_traced", {})
     m = lamixer.loads(lamixer.api.shipped_source(name) + "\n", name)  # a spec compiled afresh
     tensors, _ = random_call(m, T=20, H=2, dtype=torch.float32, initial_state=False, seed=3)
     compiled_fn = torch.compile(lambda **xs: m(**xs, backend="triton")[0], fullgraph=True, backend="aot_eager")
@@ -114,13 +119,14 @@ def test_walks_split_over_key_rows_match_interpreter(name, monkeypatch):
     16 key rows, the last partial), one sequence and packed ones."""
     from dataclasses import replace
 
-    from lamixer.tuning.autotune import default_config
+    from lamixer.kernels.config import default_config
+    from lamixer.tuning.search import configured
 
     m = lamixer.load(name)
-    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", replace(default_config("key", 40, 40), BK=16))
+    call = configured(m, {"chunk_additive": replace(default_config("key", 40, 40), BK=16)})
     for T, cu in [(70, None), (1, [0, 5, 70, 91])]:
         tensors, states = random_call(m, T=T, H=2, size=40, gate="strong", cu_seqlens=cu, seed=8)
-        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=8), f"{name} key rows split, cu_seqlens {cu}")
+        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=8, call=call), f"{name} key rows split, cu_seqlens {cu}")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -257,16 +263,17 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
 def test_tracing_reads_the_configuration_an_eager_call_chose_for_its_shape(monkeypatch):
     """Under torch.compile no cache file is read: a traced call takes the configuration an eager call of its shape
     bucket chose (runtime/fuse.py runs each signature's first call eagerly), not the last one chosen for its head dims."""
-    from lamixer.tuning.autotune import Config, default_config
+    from lamixer.kernels.config import Config, default_config
+    from lamixer.tuning import choose as chooser
 
     tuned = Config(32, 32, 64, 4, 1)
-    monkeypatch.setattr(triton_backend, "_chosen", {})
-    monkeypatch.setattr(triton_backend, "_traced", {})
-    monkeypatch.setattr(triton_backend, "lookup", lambda key: tuned if "T8192" in key else None)
+    monkeypatch.setattr(chooser, "_chosen", {})
+    monkeypatch.setattr(chooser, "_traced", {})
+    monkeypatch.setattr(chooser, "lookup", lambda key: tuned if "T8192" in key else None)
+    group = lamixer.load("simple_gla").compiled.plan.groups[0]
 
     def choose(T):
-        return triton_backend.choose_config("chunk_additive", "scalar", "after", "float32", torch.float32, 4, T, 16, 128, 128,
-                                            torch.device("cpu"), default_config, lambda *a: "hash")  # fmt: skip
+        return chooser.choose(group, torch.float32, 4, T, 16, 128, 128, torch.device("cpu"))
 
     assert choose(8192) == tuned and choose(256) == default_config("scalar", 128, 128) != tuned  # eager, in this order
     traced = torch.compile(lambda x, T: x * choose(T).BT, backend="eager", fullgraph=True)
@@ -457,7 +464,7 @@ def test_what_fuse_compiles_traces_to_one_graph(name):
     m = lamixer.load(name)
     tensors, _ = random_call(m, B=2, T=140, H=2, size=16, dtype=torch.float32, initial_state=False, distinct=False)
     call = bind(m.compiled, (), {k: v.requires_grad_() for k, v in tensors.items()}, None, None, None)
-    choices = triton_backend._choices(m.compiled, call, True)
+    choices = triton_backend._choices(m.compiled, call, True, None)[:3]
     torch._dynamo.reset()
     explained = torch._dynamo.explain(lambda c: triton_backend._evaluate(c, m.compiled, *choices))(dataclasses.replace(call, memo=None))
     assert explained.graph_count == 1, [str(b.reason)[:300] for b in explained.break_reasons]

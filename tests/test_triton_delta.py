@@ -8,9 +8,10 @@ from conftest import EXAMPLE_SPECS as EXAMPLES
 
 import lamixer
 from lamixer.backends import triton as triton_backend
-from lamixer.backends import triton_delta
+from lamixer.kernels import delta as triton_delta
+from lamixer.kernels.config import Config
 from lamixer.tools.check import compare, random_call
-from lamixer.tuning.autotune import Config
+from lamixer.tuning.search import configured
 
 TOL = 1e-10  # measured: below 1e-13 on every case here
 DELTA = ["deltanet", "gated_deltanet", os.path.join(EXAMPLES, "gated_delta_vector.lam")]  # no decay, scalar, per key
@@ -22,16 +23,22 @@ def _assert_close(c, what, tol=TOL):
     assert not bad, f"{what}: {bad}"
 
 
-def _check(m, what, T=1, gate="normal", cu=None, seed=0, initial_state=True, B=2, size=SIZE):
+def _check(m, what, T=1, gate="normal", cu=None, seed=0, initial_state=True, B=2, size=SIZE, call=None):
     tensors, states = random_call(m, B=B, T=T, H=2, size=size, gate=gate, seed=seed, cu_seqlens=cu, initial_state=initial_state)
-    _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=seed), what)
+    _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=seed, call=call), what)
+
+
+def _plan(scan_group) -> tuple[str, str]:
+    """(decay, read) of the delta kernels the plan renders for a scan group."""
+    assert scan_group.train.template == triton_delta.FAMILY
+    return scan_group.decay.kind, scan_group.read
 
 
 def test_the_delta_specs_run_on_the_delta_template():
     for name in DELTA:
         c = lamixer.load(name).compiled
         assert not triton_backend.unsupported(c) and c.classification.scans[0].rule == "delta", name
-    assert [triton_delta.template_config(lamixer.load(n).compiled.classification.scans[0]) for n in DELTA] == [
+    assert [_plan(lamixer.load(n).compiled.plan.groups[0]) for n in DELTA] == [
         ("none", "after"), ("scalar", "after"), ("key", "after")]  # fmt: skip
 
 
@@ -67,7 +74,7 @@ def test_any_read_position_and_distinct_write_and_erase_keys(read, decay):
     body = READS[read].format(decay="S = exp(g) * S\n" if gate else "")
     m = lamixer.loads(GENERAL.format(name=f"d_{read}_{decay}", gate=gate) + body)
     (s,) = m.compiled.classification.scans
-    assert s.rule == "delta" and triton_delta.template_config(s) == (decay, read if gate or read == "after" else "before")
+    assert s.rule == "delta" and _plan(m.compiled.plan.groups[0]) == (decay, read if gate or read == "after" else "before")
     _check(m, f"read {read}, decay {decay}", T=40, gate="strong", seed=2)
     _check(m, f"read {read}, decay {decay}, varlen", cu=[0, 5, 75, 90], gate="strong", seed=3)
 
@@ -76,8 +83,8 @@ def test_any_read_position_and_distinct_write_and_erase_keys(read, decay):
 def test_chunk_lengths_and_key_and_value_blocks(BT, name, monkeypatch):
     """Chunks of one and two 16-token solve blocks (the defaults: 64 for a scalar decay, 16 per key); K = 20 and
     V = 21 in two blocks each (but the per-chunk kernels' value blocks, at least triton_delta.CHUNK_BLOCK wide)."""
-    monkeypatch.setattr(triton_backend, "CONFIG_OVERRIDE", Config(BT, 16, 16, 4, 1, BW=16))
-    _check(lamixer.load(name), f"{name} BT={BT}", T=80, gate="strong", seed=BT, B=1, size=20)
+    m = lamixer.load(name)
+    _check(m, f"{name} BT={BT}", T=80, gate="strong", seed=BT, B=1, size=20, call=configured(m, {triton_delta.FAMILY: Config(BT, 16, 16, 4, 1, BW=16)}))
 
 
 def test_half_inputs_keep_float32_states():
@@ -92,26 +99,30 @@ def test_half_inputs_keep_float32_states():
 
 
 def test_rendered_kernels_are_named_for_their_configuration():
-    source = triton_backend.render("scan_delta", decay="key", read="before", acc="float32")
+    from lamixer.render.templates import render
+
+    source = render("scan_delta", decay="key", read="before", acc="float32")
     assert "decay=key, read=before" in source
     for kernel in triton_delta.kernel_names("key"):
         assert f"def scan_delta_key_before_float32_{kernel}(" in source
 
 
 def test_tuning_a_delta_spec_stores_under_its_kernel(tmp_path, monkeypatch):
-    from lamixer.tuning import autotune as at
+    from lamixer.render.templates import source_hash
+    from lamixer.tuning import choose, search
+    from lamixer.tuning import config_cache as cache
 
     monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
-    at._memo.clear()
-    triton_backend._chosen.clear()
+    cache._memo.clear()
+    choose.forget()
     m = lamixer.load("gated_deltanet")
-    trials, keys = at.tune(m, 1, 40, 2, 16, torch.float32, "cpu", limit=2)
+    trials, keys = search.tune(m, 1, 40, 2, 16, torch.float32, "cpu", limit=2)
     assert all(t.error < 1e-3 and t.ms > 0 for t in trials)
-    assert len(keys) == 1 and triton_delta.kernel_hash("scalar", "after", "float32") in keys[0]
+    assert len(keys) == 1 and source_hash("scan_delta", decay="scalar", read="after", acc="float32") in keys[0]
     best = min(trials, key=lambda t: t.ms).config
-    assert triton_delta.scan_config("scalar", "after", "float32", torch.float32, 1, 40, 2, 16, 16, torch.device("cpu")) == best
-    at._memo.clear()
-    triton_backend._chosen.clear()
+    assert choose.choose(m.compiled.plan.groups[0], torch.float32, 1, 40, 2, 16, 16, torch.device("cpu")) == best
+    cache._memo.clear()
+    choose.forget()
 
 
 def test_torch_compile_fullgraph_traces_the_delta_scan():

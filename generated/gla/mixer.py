@@ -42,7 +42,7 @@ def gla(q, k, v, g, *, scale=None, initial_state=None, output_final_state=False,
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (q, k, v, g), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k": k, "v": v, "g": g}, scale, initial_state, cu_seqlens, default_scale))
-    scan, chunked = torch_scan, False
+    scan, chunked = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
 
@@ -59,7 +59,8 @@ def default_scale(sizes):
 
 
 def forward(call, scan):
-    """The kernel plan on a bound call, with `scan` running the scans: (o, [final state of each state]) in the compute dtype."""
+    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group's normaliser):
+    (o, [final state of each state]) in the compute dtype."""
     B, T, H = call.batch, call.length, call.heads
     scale = call.scale
     dtype = call.compute_dtype
@@ -70,15 +71,16 @@ def forward(call, scan):
     t10 = scale * q  # [B, T, H, K]
     # scan S: additive write, decay along K, chunk 8
     [[o]], [S] = scan_group(
-        scan, (B, T, H),
+        scan[0][0], (B, T, H),
         key=k,
         values=[v],
         erase=None,
         log_decay=g,
-        side="key",
-        reads=[(t10, True, True)],  # (scale * q) @ S after update
+        decay="key",
+        reads=[(t10, "after")],  # (scale * q) @ S after update
         h0=[call.initial_state["S"]],
         cu_seqlens=call.cu_seqlens,
         chunk=8,
+        normaliser=scan[0][1],
     )
     return o.to(call.out_dtype), [S]

@@ -44,7 +44,7 @@ def gsa(q, k, v, s, g, *, scale=None, initial_state=None, output_final_state=Fal
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (q, k, v, s, g), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k": k, "v": v, "s": s, "g": g}, scale, initial_state, cu_seqlens, default_scale))
-    scan, chunked = torch_scan, False
+    scan, chunked = [(torch_scan, False)] * 2, False
     if backend != "torch":
         from . import scans
 
@@ -61,7 +61,8 @@ def default_scale(sizes):
 
 
 def forward(call, scan):
-    """The kernel plan on a bound call, with `scan` running the scans: (o, [final state of each state]) in the compute dtype."""
+    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group's normaliser):
+    (o, [final state of each state]) in the compute dtype."""
     B, T, H = call.batch, call.length, call.heads
     scale = call.scale
     dtype = call.compute_dtype
@@ -73,29 +74,31 @@ def forward(call, scan):
     t12 = scale * q  # [B, T, H, K]
     # scan Kt: additive write, decay along M, chunk 8
     [[Kt_read]], [Kt] = scan_group(
-        scan, (B, T, H),
+        scan[0][0], (B, T, H),
         key=k,
         values=[s],
         erase=None,
         log_decay=g,
-        side="value",
-        reads=[(t12, True, True)],  # (scale * q) @ Kt after update
+        decay="value",
+        reads=[(t12, "after")],  # (scale * q) @ Kt after update
         h0=[call.initial_state["Kt"]],
         cu_seqlens=call.cu_seqlens,
         chunk=8,
+        normaliser=scan[0][1],
     )
     p = ops.normalize("softmax", Kt_read)  # [B, T, H, M]
     # scan Vt: additive write, decay along M, chunk 8
     [[o]], [Vt] = scan_group(
-        scan, (B, T, H),
+        scan[1][0], (B, T, H),
         key=s,
         values=[v],
         erase=None,
         log_decay=g,
-        side="key",
-        reads=[(p, True, True)],  # p @ Vt after update
+        decay="key",
+        reads=[(p, "after")],  # p @ Vt after update
         h0=[call.initial_state["Vt"]],
         cu_seqlens=call.cu_seqlens,
         chunk=8,
+        normaliser=scan[1][1],
     )
     return o.to(call.out_dtype), [Kt, Vt]

@@ -1,1 +1,1 @@
-"""Triton kernels rendered by lamixer (one module per configuration) and their host code (host*.py)."""
+"""Triton kernels rendered by lamixer (one module per configuration) and their host code."""

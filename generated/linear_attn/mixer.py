@@ -41,7 +41,7 @@ def linear_attn(q, k, v, *, scale=None, initial_state=None, output_final_state=F
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (q, k, v), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k": k, "v": v}, scale, initial_state, cu_seqlens, default_scale))
-    scan, chunked = torch_scan, False
+    scan, chunked = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
 
@@ -58,7 +58,8 @@ def default_scale(sizes):
 
 
 def forward(call, scan):
-    """The kernel plan on a bound call, with `scan` running the scans: (o, [final state of each state]) in the compute dtype."""
+    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group's normaliser):
+    (o, [final state of each state]) in the compute dtype."""
     B, T, H = call.batch, call.length, call.heads
     scale = call.scale
     dtype = call.compute_dtype
@@ -68,15 +69,16 @@ def forward(call, scan):
     t7 = scale * q  # [B, T, H, K]
     # scan S: additive write, no decay, chunk 64
     [[o]], [S] = scan_group(
-        scan, (B, T, H),
+        scan[0][0], (B, T, H),
         key=k,
         values=[v],
         erase=None,
         log_decay=None,
-        side="key",
-        reads=[(t7, True, True)],  # (scale * q) @ S after update
+        decay="none",
+        reads=[(t7, "after")],  # (scale * q) @ S after update
         h0=[call.initial_state["S"]],
         cu_seqlens=call.cu_seqlens,
         chunk=64,
+        normaliser=scan[0][1],
     )
     return o.to(call.out_dtype), [S]

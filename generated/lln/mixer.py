@@ -42,7 +42,7 @@ def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (q, k, v), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k": k, "v": v}, scale, initial_state, cu_seqlens, default_scale))
-    scan, chunked = torch_scan, False
+    scan, chunked = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
 
@@ -59,7 +59,8 @@ def default_scale(sizes):
 
 
 def forward(call, scan):
-    """The kernel plan on a bound call, with `scan` running the scans: (o, [final state of each state]) in the compute dtype."""
+    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group's normaliser):
+    (o, [final state of each state]) in the compute dtype."""
     B, T, H = call.batch, call.length, call.heads
     K = call.sizes["K"]
     scale = call.scale
@@ -92,16 +93,17 @@ def forward(call, scan):
     phi_k = torch.exp(t31)  # [B, T, H, K]
     # scan S + z (one scan, values side by side): additive write, no decay, chunk 64
     [[S_read], [z_read]], [S, z] = scan_group(
-        scan, (B, T, H),
+        scan[0][0], (B, T, H),
         key=phi_k,
         values=[v, None],
         erase=None,
         log_decay=None,
-        side="key",
-        reads=[(phi_q, True, True)],  # phi_q @ S after update
+        decay="none",
+        reads=[(phi_q, "after")],  # phi_q @ S after update
         h0=[call.initial_state["S"], call.initial_state["z"]],
         cu_seqlens=call.cu_seqlens,
         chunk=64,
+        normaliser=scan[0][1],
     )
     t39 = z_read + 1e-05  # [B, T, H]
     o_lln = S_read / t39[..., None]  # [B, T, H, V]

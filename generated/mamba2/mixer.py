@@ -46,7 +46,7 @@ def mamba2(x, B, C, dt, A_log, D, dt_bias, *, scale=None, initial_state=None, ou
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (x, B, C, dt, A_log, D, dt_bias), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"x": x, "B": B, "C": C, "dt": dt, "A_log": A_log, "D": D, "dt_bias": dt_bias}, scale, initial_state, cu_seqlens, default_scale))
-    scan, chunked = torch_scan, False
+    scan, chunked = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
 
@@ -62,7 +62,8 @@ def default_scale(sizes):
 
 
 def forward(call, scan):
-    """The kernel plan on a bound call, with `scan` running the scans: (o, [final state of each state]) in the compute dtype."""
+    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group's normaliser):
+    (o, [final state of each state]) in the compute dtype."""
     B_, T, H = call.batch, call.length, call.heads
     scale = call.scale
     dtype = call.compute_dtype
@@ -82,16 +83,17 @@ def forward(call, scan):
     t21 = scale * C  # [B, T, H, N]
     # scan S: additive write, scalar decay, chunk 64
     [[S_read]], [S] = scan_group(
-        scan, (B_, T, H),
+        scan[0][0], (B_, T, H),
         key=t17,
         values=[x],
         erase=None,
         log_decay=t14,
-        side="key",
-        reads=[(t21, True, True)],  # (scale * C) @ S after update
+        decay="scalar",
+        reads=[(t21, "after")],  # (scale * C) @ S after update
         h0=[call.initial_state["S"]],
         cu_seqlens=call.cu_seqlens,
         chunk=64,
+        normaliser=scan[0][1],
     )
     t23 = D[..., None] * x  # [B, T, H, P]
     y = S_read + t23  # [B, T, H, P]

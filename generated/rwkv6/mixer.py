@@ -43,7 +43,7 @@ def rwkv6(r, k, w, v, u, *, scale=None, initial_state=None, output_final_state=F
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (r, k, w, v, u), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"r": r, "k": k, "w": w, "v": v, "u": u}, scale, initial_state, cu_seqlens, default_scale))
-    scan, chunked = torch_scan, False
+    scan, chunked = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
 
@@ -60,7 +60,8 @@ def default_scale(sizes):
 
 
 def forward(call, scan):
-    """The kernel plan on a bound call, with `scan` running the scans: (o, [final state of each state]) in the compute dtype."""
+    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group's normaliser):
+    (o, [final state of each state]) in the compute dtype."""
     B, T, H = call.batch, call.length, call.heads
     scale = call.scale
     dtype = call.compute_dtype
@@ -73,16 +74,17 @@ def forward(call, scan):
     t8 = u * k  # [B, T, H, K]
     # scan S: additive write, decay along K, chunk 8
     [[S_read]], [S] = scan_group(
-        scan, (B, T, H),
+        scan[0][0], (B, T, H),
         key=k,
         values=[v],
         erase=None,
         log_decay=w,
-        side="key",
-        reads=[(t7, False, False)],  # (scale * r) @ S before update
+        decay="key",
+        reads=[(t7, "before")],  # (scale * r) @ S before update
         h0=[call.initial_state["S"]],
         cu_seqlens=call.cu_seqlens,
         chunk=8,
+        normaliser=scan[0][1],
     )
     t24 = (t7 * t8).sum(-1)  # [B, T, H]
     t25 = t24[..., None] * v  # [B, T, H, V]

@@ -6,32 +6,16 @@ chunkwise scan (lamixer.runtime.scan), run as the classification says (never by 
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from ..passes.classify import Scan
+from ..passes.kernel_plan import Form
 from ..passes.pipeline import Compiled
 from ..runtime import ops
 from ..runtime.scan import KeyForm, ScanOperands, attention_dtype, block_attention, scan_group, stat, torch_scan
 from .binding import Call, remember
 
-__all__ = ["Direct", "ScanOperands", "run", "torch_scan"]
-
-
-class Direct(NamedTuple):
-    """A scan operand the kernels read straight from the caller's input tensor and finish themselves:
-    (-1 if negate) * factor_h * token_t * (l2norm(input) if norm else input)."""
-
-    input: str
-    factor: int | None = None  # the node of a per-head constant, e.g. the read-out scale
-    negate: bool = False
-    norm: bool = False  # over the key dim
-    token: str | None = None  # a per-token scalar input, e.g. a delta rule's write strength
-
-    @property
-    def scaled(self) -> bool:
-        return self.factor is not None or self.negate
+__all__ = ["ScanOperands", "run", "torch_scan"]
 
 
 LEAVES = ("input", "param", "const", "dim", "head", "scale")
@@ -42,7 +26,7 @@ class _Program:
     """What evaluating the plan needs beyond the call's tensors, worked out once per spec and set of direct
     operands: the nodes to evaluate in order, what each is, and the scan groups. Per-call work walks no graph."""
 
-    def __init__(self, compiled: Compiled, direct: dict[int, Direct]):
+    def __init__(self, compiled: Compiled, direct: dict[int, Form]):
         self.c, self.nodes, self.direct = compiled, compiled.plan.nodes, direct
         plan, nodes = compiled.plan, self.nodes
         needed = self._needed()
@@ -69,8 +53,7 @@ class _Program:
         # direct operands whose per-head factor is a call constant (or a sign alone): computed with the constants
         self.constant_factors = [n for n, d in direct.items() if d.scaled and (d.factor is None or d.factor in self.constant)]
         self.factors_key = tuple(self.constant_factors)
-        self.groups = {s.state: [compiled.classification.scan(name) for name in next((g for g in plan.fusable if s.state in g), (s.state,))]
-                       for s in compiled.classification.scans}  # fmt: skip
+        self.groups = {st: (group, [compiled.classification.scan(name) for name in group.states]) for group in plan.groups for st in group.states}
 
     def _scan_deps(self, s: Scan) -> list[int]:
         deps = []
@@ -91,7 +74,7 @@ class _Program:
         return need
 
 
-def program(compiled: Compiled, direct: dict[int, Direct] | None = None) -> _Program:
+def program(compiled: Compiled, direct: dict[int, Form] | None = None) -> _Program:
     """The spec's evaluation program for these direct operands (made once, kept with the compiled spec)."""
     direct = direct or {}
     key = ("program", tuple(sorted(direct.items())))
@@ -106,13 +89,13 @@ class _Evaluator:
     batch-grouped statistics see the sequence boundaries.
     """
 
-    def __init__(self, compiled: Compiled, call: Call, scan_impl, direct: dict[int, Direct] | None = None,
+    def __init__(self, compiled: Compiled, call: Call, scan_impl, direct: dict[int, Form] | None = None,
                  prog: _Program | None = None):  # fmt: skip
         self.c, self.call = compiled, call
         self.prog = prog if prog is not None else program(compiled, direct)
         self.nodes = compiled.plan.nodes  # plain data: nothing below touches the graph library
         self.scan_impl = scan_impl
-        # scan operands the kernels read straight from the caller's tensors: node -> Direct
+        # scan operands the kernels read straight from the caller's tensors: node -> Form
         self.direct = self.prog.direct
         self.env: dict[int, torch.Tensor] = {}
         self.finals: dict[str, torch.Tensor] = {}
@@ -233,17 +216,19 @@ class _Evaluator:
         return out
 
     def scan(self, state: str) -> None:
-        """Run the scan of `state`, together with the scans the plan found fusable with it: those share keys,
-        decay and queries, so one scan with their values side by side computes them all."""
-        scans = self.prog.groups[state]
+        """Run the scan group of `state`: one scan, or several sharing keys, decay and queries with their values side
+        by side, on the implementation the backend chose for the group (scan_impl: one for every group, or a
+        {group states: (implementation, whether it carries the group's normaliser)} mapping)."""
+        group, scans = self.prog.groups[state]
         s = scans[0]
+        impl, normaliser = self.scan_impl[group.states] if isinstance(self.scan_impl, dict) else (self.scan_impl, False)
         operand, call = self.operand, self.call
         reads, finals = scan_group(
-            self.scan_impl, (self.B, self.T, call.heads), operand(s.write_key),
+            impl, (self.B, self.T, call.heads), operand(s.write_key),
             [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay),
-            "value" if s.decay == "value" else "key", [(operand(r.query), r.decayed, r.written) for r in s.reads],
-            [call.initial_state[t.state] for t in scans], call.cu_seqlens, self.c.plan.chunk[s.state], [self.factor(r.query) for r in s.reads],
-            self.forms(s),
+            group.decay.kind, [(operand(r.query), p) for r, p in zip(s.reads, group.reads)],
+            [call.initial_state[t.state] for t in scans], call.cu_seqlens, group.chunk, [self.factor(r.query) for r in s.reads],
+            self.forms(s), normaliser,
         )  # fmt: skip
         for t, outs, final in zip(scans, reads, finals):
             for r, o in zip(t.reads, outs):
@@ -253,7 +238,7 @@ class _Evaluator:
 
 def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None, prog: _Program | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """o [B, T, H, V] and the final states [N, H, *dims], in the compute dtype (prog: program(compiled, direct), when
-    the caller keeps it)."""
+    the caller keeps it; scan_impl: as _Evaluator.scan takes it)."""
     ev = _Evaluator(compiled, call, scan_impl, direct, prog)
     ev.run()
     return ev.env[compiled.graph.output], [ev.finals[n] for n in compiled.graph.states]

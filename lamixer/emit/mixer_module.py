@@ -161,13 +161,14 @@ class MixerWriter:
         self.assign(n, f"block_attention({args}, call.cu_seqlens, attention_dtype(call))", ("B", "T", "H"), f"causal softmax attention in blocks of {d['size']}")
 
     def scan(self, state: str) -> None:
-        """One scan_group call: the scan of `state` and those fusable with it (values side by side)."""
+        """One scan_group call: the plan's scan group of `state` (several states: values side by side)."""
         self.m.use(self.m.runtime + ".scan", "scan_group")
-        group = next((g for g in self.plan.fusable if state in g), (state,))
-        scans = [self.c.classification.scan(name) for name in group]
+        group = self.plan.group(state)
+        index = self.plan.groups.index(group)
+        scans = [self.c.classification.scan(name) for name in group.states]
         s = scans[0]
-        fused = " (one scan, values side by side)" if len(group) > 1 else ""
-        self.lines.append(f"# scan {' + '.join(group)}{fused}: {s.describe()}, chunk {self.plan.chunk[s.state]}")
+        fused = " (one scan, values side by side)" if len(group.states) > 1 else ""
+        self.lines.append(f"# scan {' + '.join(group.states)}{fused}: {s.describe()}, chunk {group.chunk}")
 
         def operand(n: int | None) -> str:
             return "None" if n is None else self.tensor(self.env[n])
@@ -180,24 +181,24 @@ class MixerWriter:
                 self.env[r.node] = _Value(name, False, ("B", "T", "H"))
                 names.append(name)
             outs.append(f"[{', '.join(names)}]")
-        reads = ", ".join(f"({operand(r.query)}, {r.decayed}, {r.written})" for r in s.reads)
+        reads = ", ".join(f"({operand(r.query)}, {src.text(p)})" for r, p in zip(s.reads, group.reads))
         when = "; ".join(f"{expr(self.g, r.query)} @ {s.state} {r.when}" for r in s.reads)
-        side = "value" if s.decay == "value" else "key"
         self.lines += [
-            f"[{', '.join(outs)}], [{', '.join(self.states[t.state] for t in scans)}] = scan_group(",
-            f"    scan, ({self.B}, {self.T}, {self.H}),",
+            f"[{', '.join(outs)}], [{', '.join(self.states[st] for st in group.states)}] = scan_group(",
+            f"    scan[{index}][0], ({self.B}, {self.T}, {self.H}),",
             f"    key={operand(s.write_key)},",
             f"    values=[{', '.join('None' if t.value_dim is None else operand(t.write_value) for t in scans)}],",
             f"    erase={operand(s.erase_key)},",
             f"    log_decay={operand(s.log_decay)},",
-            f"    side={src.text(side)},",
+            f"    decay={src.text(group.decay.kind)},",
             f"    reads=[{reads}],{'  # ' + when if when else ''}",
-            f"    h0=[{', '.join(f'call.initial_state[{src.text(t.state)}]' for t in scans)}],",
+            f"    h0=[{', '.join(f'call.initial_state[{src.text(st)}]' for st in group.states)}],",
             "    cu_seqlens=call.cu_seqlens,",
-            f"    chunk={self.plan.chunk[s.state]},",
+            f"    chunk={group.chunk},",
+            f"    normaliser=scan[{index}][1],",
             ")",
         ]
-        self.done.update(group)
+        self.done.update(group.states)
 
     def forward(self) -> list[str]:
         """The body of forward(call, scan)."""
@@ -320,10 +321,10 @@ is its kernel plan written out: the per-token work one line per node, each scan 
     ]
     if not has_kernels:
         lines += ["    pick_backend(SIGNATURE.name, backend, call, list(TRITON_MISSING))  # refuses backend=\"triton\"",
-                  "    o, finals = forward(call, torch_scan)"]  # fmt: skip
+                  f"    o, finals = forward(call, [(torch_scan, False)] * {len(compiled.plan.groups)})"]  # fmt: skip
     else:
         lines += [
-            "    scan, chunked = torch_scan, False",
+            f"    scan, chunked = [(torch_scan, False)] * {len(compiled.plan.groups)}, False",
             '    if backend != "torch":',
             "        from . import scans",
             "",
@@ -335,7 +336,8 @@ is its kernel plan written out: the per-token work one line per node, each scan 
     lines += ["def default_scale(sizes):", f'    """The scale when the call gives none: {scale_text}, for the call\'s dim sizes."""']
     lines += ["    " + line for line in default_scale(compiled, m)]
     lines += ["", "", "def forward(call, scan):",
-              '    """The kernel plan on a bound call, with `scan` running the scans: (o, [final state of each state]) in the compute dtype."""']  # fmt: skip
+              '    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group\'s normaliser):',
+              '    (o, [final state of each state]) in the compute dtype."""']  # fmt: skip
     lines += ["    " + line if line else "" for line in body]
     m.write(*lines)
     return m.text()

@@ -7,7 +7,7 @@ torch (and triton, when its kernels run):
     <name>/mixer.py      the mixer: its call and its kernel plan written out (lamixer/emit/mixer_module.py)
     <name>/layer.py      Layer, from the spec's layer section (lamixer/emit/layer_module.py)
     <name>/scans.py      the scans on the Triton kernels (lamixer/emit/scans_module.py)
-    <name>/kernels/      the rendered kernels, float32, and their host code (host*.py)
+    <name>/kernels/      the rendered kernels, float32, and their host code (lamixer/kernels, copied whole)
     <name>/runtime/      lamixer/runtime, copied verbatim: the torch fallback's scans, call binding, layer blocks
     <name>/README.md     the API, the classification and plan, the files
 
@@ -21,7 +21,7 @@ import keyword
 import sys
 from importlib import resources
 
-from ..backends.recurrent import MAX_T
+from ..kernels.recurrent import MAX_T
 from ..passes.pipeline import Compiled
 from ..tools.explain import default_scale_text, report
 from . import layer_module as layer_mod
@@ -50,12 +50,12 @@ def files(specs: list[Compiled], shared: bool, top: str = "DIR") -> dict[str, st
     imported as `top`)."""
     out: dict[str, str] = {}
     up = ".." if shared else "."
-    all_configs: set[str] = set()
+    all_configs: dict = {}
     packages = []
     for c in specs:
         pkg = package_name(c.name)
         packages.append((pkg, c))
-        configs = kernels_mod.configs(c)
+        configs = kernels_mod.modules(c)
         all_configs.update(configs)
         function = src.Names(mixer_mod.MODULE_NAMES).claim(c.name)
         missing = kernels_mod.unsupported(c)
@@ -69,7 +69,7 @@ def files(specs: list[Compiled], shared: bool, top: str = "DIR") -> dict[str, st
             out.update({f"{pkg}/{path}": text for path, text in _support(configs).items()})
         out[f"{pkg}/README.md"] = _readme(c, f"{top}.{pkg}" if shared else pkg, function, configs, missing, shared)
     if shared:
-        out.update(_support(sorted(all_configs)))
+        out.update(_support(dict(sorted(all_configs.items()))))
         names = ", ".join(pkg for pkg, _ in packages)
         first_pkg, first = packages[0]
         out["__init__.py"] = f'''"""Mixers compiled by lamixer: {names}.
@@ -88,10 +88,9 @@ def _support(configs) -> dict[str, str]:
     """runtime/ and, when there are kernels, kernels/: what a package (or a shared layout) carries besides its own modules."""
     out = {f"runtime/{name}": text for name, text in runtime_files().items()}
     if configs:
-        out["kernels/__init__.py"] = '"""Triton kernels rendered by lamixer (one module per configuration) and their host code (host*.py)."""\n'
         out.update({f"kernels/{name}": text for name, text in kernels_mod.host_files().items()})
-        for name in configs:
-            out[f"kernels/{name}.py"] = kernels_mod.kernel_module(name)
+        for name, kernels in configs.items():
+            out[f"kernels/{name}.py"] = kernels_mod.kernel_module(kernels)
     return out
 
 
@@ -185,6 +184,6 @@ def _readme(c: Compiled, pkg: str, function: str, configs, missing: list[str], s
     if g.layer is not None:
         lines.append("- `layer.py`: `Layer`, the layer section's construction and steps written out.")
     if configs:
-        lines.append(f"- `scans.py`: the scans on the Triton kernels; `{where}kernels/`: the rendered kernels and their host code (`host*.py`).")
+        lines.append(f"- `scans.py`: the scans on the Triton kernels; `{where}kernels/`: the rendered kernels and their host code (lamixer's, copied whole).")
     lines.append(f"- `{where}runtime/`: lamixer's torch runtime, copied verbatim: the chunkwise scans (the torch fallback), call binding, layer blocks.")
     return "\n".join(lines) + "\n"

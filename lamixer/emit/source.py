@@ -67,6 +67,13 @@ def names(seq) -> str:
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
+def wrap(text: str, width: int = 100) -> str:
+    """Prose wrapped for a docstring."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))
+
+
 def doc(s: str) -> str:
     """Text to place in a docstring or a comment: backslashes and quotes escaped, one line."""
     return " ".join(str(s).replace("\\", "\\\\").replace('"""', '\\"\\"\\"').splitlines())

@@ -26,6 +26,11 @@ class Read:
     written: bool
 
     @property
+    def position(self) -> str:
+        """Where the read sits in the token's update, as kernels and scans name it: "before", "mid" or "after"."""
+        return "after" if self.written else ("mid" if self.decayed else "before")
+
+    @property
     def when(self) -> str:
         if self.written:
             return "after update"

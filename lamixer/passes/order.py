@@ -1,4 +1,4 @@
-"""The kernel plan: the order in which per-token work, statistics and state scans run."""
+"""The evaluation order: per-token work, statistics and state scans, each after everything it needs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,24 +6,18 @@ from dataclasses import dataclass
 import networkx as nx
 
 from ..ir import graph as ir
-from .classify import Classification, Scan
-
-# Chunk lengths of the torch backend: a per-dim decay materialises [C, C, dim] score tensors.
-CHUNK_SCALAR_DECAY = 64
-CHUNK_VECTOR_DECAY = 8
+from .classify import Classification
 
 
 @dataclass
-class KernelPlan:
+class Order:
     order: list[int]  # per-token nodes, stats and reads, each after everything it needs
     read_scan: dict[int, str]  # read node -> the state whose scan computes it
-    chunk: dict[str, int]  # state -> chunk length
-    fusable: list[tuple[str, ...]]  # states whose scans share key, decay and queries (one kernel, values side by side)
     nodes: dict[int, dict]  # every node's attributes as plain data: executing the plan needs no graph library
     scale_order: list[int]  # the default scale's expression, in evaluation order
 
     def stages(self, g: ir.Graph, cls: Classification) -> list[str]:
-        """A readable listing of the plan, stage by stage."""
+        """A readable listing of the plan, stage by stage (self: a KernelPlan, which knows the scan groups)."""
         lines, pending, listed = [], [], set()
         for n in self.order:
             if n in self.read_scan:
@@ -33,7 +27,7 @@ class KernelPlan:
                 st = self.read_scan[n]
                 if st in listed:
                     continue
-                group = next((g for g in self.fusable if st in g), (st,))
+                group = self.group(st).states
                 listed.update(group)
                 fused = " (one scan, values side by side)" if len(group) > 1 else ""
                 lines.append(f"scan {' + '.join(group)}{fused}: {cls.scan(st).describe()}, chunk {self.chunk[st]}")
@@ -53,11 +47,7 @@ class KernelPlan:
         return lines
 
 
-def _chunk(scan: Scan) -> int:
-    return CHUNK_VECTOR_DECAY if scan.decay in ("key", "value") else CHUNK_SCALAR_DECAY
-
-
-def make_plan(g: ir.Graph, cls: Classification) -> KernelPlan:
+def make_order(g: ir.Graph, cls: Classification) -> Order:
     read_scan = {r.node: s.state for s in cls.scans for r in s.reads}
     by_state = {s.state: s for s in cls.scans}
     E = nx.DiGraph()
@@ -72,17 +62,7 @@ def make_plan(g: ir.Graph, cls: Classification) -> KernelPlan:
             E.add_edge(d, n)
             stack.append(d)
     order = list(nx.lexicographical_topological_sort(E))
-    fusable = []
-    for i, a in enumerate(cls.scans):
-        group = [a.state]
-        for b in cls.scans[i + 1:]:
-            same_reads = [(r.query, r.decayed, r.written) for r in a.reads] == [(r.query, r.decayed, r.written) for r in b.reads]
-            if (a.rule == b.rule == "additive" and a.write_key == b.write_key and a.log_decay == b.log_decay
-                    and a.decay in ("none", "constant", "scalar", "key") and b.decay == a.decay and same_reads):  # fmt: skip
-                group.append(b.state)
-        if len(group) > 1 and not any(a.state in f for f in fusable):
-            fusable.append(tuple(group))
     nodes = {n: dict(d) for n, d in g.g.nodes(data=True)}
     need = nx.ancestors(g.g, g.scale_default) | {g.scale_default}
     scale_order = [n for n in g.order() if n in need]
-    return KernelPlan(order, read_scan, {s.state: _chunk(s) for s in cls.scans}, fusable, nodes, scale_order)
+    return Order(order, read_scan, nodes, scale_order)

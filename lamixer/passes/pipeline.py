@@ -10,7 +10,7 @@ from ..ir import graph as ir
 from ..ir.lower import lower
 from ..runtime.call import Operand, Signature
 from .classify import Classification, classify
-from .order import KernelPlan, make_plan
+from .kernel_plan import KernelPlan, make_plan
 from .rewrite import distribute_reads
 from .verify import verify
 

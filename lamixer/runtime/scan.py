@@ -167,6 +167,10 @@ class KeyForm:
     factor: torch.Tensor | None = None  # a per-head factor [H]
 
 
+# a read's position in the token's update (the kernel plan names them): (sees the decay, sees the write)
+POSITIONS = {"before": (False, False), "mid": (True, False), "after": (True, True)}
+
+
 @dataclass
 class ScanOperands:
     """One state's scan, every per-token operand as [B, T, H, D] (D = 1 for a scalar)."""
@@ -174,9 +178,9 @@ class ScanOperands:
     a: torch.Tensor  # write key [.., K]
     b: torch.Tensor  # write value [.., V]
     c: torch.Tensor | None  # erase key [.., K] (delta rule), None for additive
-    g: torch.Tensor | None  # log decay [.., 1 or K] on the key side, [.., V] on the value side
-    side: str  # "key" | "value"
-    reads: list[tuple[torch.Tensor, bool, bool]]  # (query [.., K], decayed, written)
+    g: torch.Tensor | None  # log decay [.., 1] (scalar), [.., K] (key) or [.., V] (value); None without a decay
+    decay: str  # the kernel plan's decay kind: "none" | "scalar" | "key" | "value"
+    reads: list[tuple[torch.Tensor, str]]  # (query [.., K], position: POSITIONS)
     query_factors: list[torch.Tensor | None]  # per-head factors [H] the kernel applies to direct queries
     h0: torch.Tensor  # [N, H, K, V]
     cu_seqlens: torch.Tensor | None
@@ -184,26 +188,31 @@ class ScanOperands:
     # KeyForms of a ("a"), c ("c") and the queries ("q0", ..: norm only; their factors are query_factors), when the
     # scan's implementation finishes them (the recurrent kernel's; no others are given any)
     forms: dict[str, KeyForm] = field(default_factory=dict)
-    # a normaliser's initial state [N, H, K]: a vector state written with the same keys, decay and queries, the scan
-    # with a value column of ones; given only to an implementation that takes one (scan.normaliser), which then
-    # returns (reads, final state, the normaliser's reads, its final state)
+    # a normaliser's initial state [N, H, K]: a vector state written with the same keys, decay and queries, which the
+    # implementation carries itself (the chunk kernels' `ones`); it then returns (reads, final state, the normaliser's
+    # reads, its final state)
     z0: torch.Tensor | None = None
+
+    @property
+    def positions(self) -> str:
+        """The reads' positions joined by "_" (as the recurrent template takes them)."""
+        return "_".join(p for _, p in self.reads)
 
 
 def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The chunked scan in PyTorch, one sequence at a time when packed: ([o per read], final state)."""
     a = ops.a
     g = ops.g if ops.g is not None else a.new_zeros(*a.shape[:3], 1)
-    modes = [(dec, wr) for _, dec, wr in ops.reads]
+    modes = [POSITIONS[p] for _, p in ops.reads]
 
     def one(h0, a, b, c, g, *qs):
         t = [x.transpose(1, 2) for x in (a, b, c, g, *qs)]  # -> [B, H, T, D]
         reads = [(q, dec, wr) for q, (dec, wr) in zip(t[4:], modes)]
-        gk, gv = (t[3], None) if ops.side == "key" else (None, t[3])
+        gk, gv = (None, t[3]) if ops.decay == "value" else (t[3], None)
         return chunk_scan(t[0], t[1], t[2] if ops.c is not None else None, gk, gv, reads, h0, ops.chunk)
 
     c = ops.c if ops.c is not None else a
-    qs = [q for q, _, _ in ops.reads]
+    qs = [q for q, _ in ops.reads]
     if ops.cu_seqlens is None:
         results = [one(ops.h0, a, ops.b, c, g, *qs)]
     else:
@@ -226,24 +235,26 @@ def _operand(x, B: int, T: int, H: int, width: int | None = None):
     return x.expand(B, T, H, shape[3] if width is None else width)
 
 
-def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_seqlens, chunk, query_factors=None, forms=None):
+def scan_group(scan, shape, key, values, erase, log_decay, decay, reads, h0, cu_seqlens, chunk, query_factors=None, forms=None,
+               normaliser=False):  # fmt: skip
     """Run one state's scan, or one scan for several states that share key, decay and queries (their values side by side).
 
     shape is (B, T, H); every operand has three leading axes that broadcast to it, then its dims (none for a scalar,
     which counts as one column): key and erase [.., K]; values [.., V] per state (None for a vector state, written
-    with b = 1); log_decay [.., 1 or K] on the key side, [.., V] on the value side, or None; reads
-    [(query [.., K], decayed, written)]; h0 the initial states, [N, H, K, V] (or [N, H, K] for a vector state).
-    `scan` runs the ScanOperands (torch_scan, or generated kernels); query_factors are per-head factors [H] it
-    applies to the queries (None: none), forms the KeyForms it applies (ScanOperands.forms). Returns each state's
-    read outputs ([B, T, H, V], or [B, T, H]) and final states ([N, H, K, V], or [N, H, K]).
+    with b = 1); log_decay [.., 1 or K] on the key side, [.., V] on the value side, or None; decay its kind (the kernel
+    plan's: "none", "scalar", "key" or "value"); reads [(query [.., K], position)]; h0 the initial states, [N, H, K, V]
+    (or [N, H, K] for a vector state). `scan` runs the ScanOperands (torch_scan, or generated kernels); query_factors
+    are per-head factors [H] it applies to the queries (None: none), forms the KeyForms it applies
+    (ScanOperands.forms); normaliser: `scan` carries the group's one vector state itself (ScanOperands.z0), else it is
+    one more value column of ones. Returns each state's read outputs ([B, T, H, V], or [B, T, H]) and final states
+    ([N, H, K, V], or [N, H, K]).
     """
     B, T, H = shape
     K = h0[0].shape[2]
     a = _operand(key, B, T, H, K)
     # a vector state beside matrix states rides along as the scan's normaliser when the implementation takes one
     vectors = [i for i, v in enumerate(values) if v is None]
-    takes = getattr(getattr(scan, "func", scan), "normaliser", False)  # (scan may be a functools.partial)
-    normaliser = vectors[0] if len(vectors) == 1 and len(values) > 1 and takes else None
+    normaliser = vectors[0] if normaliser and len(vectors) == 1 and len(values) > 1 else None
     order = [i for i in range(len(values)) if i != normaliser]  # side by side, in this order
     if len(order) == 1:  # the common case: one state, nothing to concatenate
         (i,) = order
@@ -253,8 +264,8 @@ def scan_group(scan, shape, key, values, erase, log_decay, side, reads, h0, cu_s
         b = torch.cat([a.new_ones(B, T, H, 1) if values[i] is None else _operand(values[i], B, T, H, h0[i].shape[3]) for i in order], -1)
         h = torch.cat([h0[i].unsqueeze(-1) if values[i] is None else h0[i] for i in order], -1)
     operands = ScanOperands(
-        a, b, _operand(erase, B, T, H, K), _operand(log_decay, B, T, H), side,
-        [(_operand(q, B, T, H, K), decayed, written) for q, decayed, written in reads],
+        a, b, _operand(erase, B, T, H, K), _operand(log_decay, B, T, H), decay,
+        [(_operand(q, B, T, H, K), position) for q, position in reads],
         query_factors or [None] * len(reads), h, cu_seqlens, chunk, forms or {},
         z0=h0[normaliser] if normaliser is not None else None,
     )  # fmt: skip

@@ -75,13 +75,14 @@ class Comparison:
         return max(self.errors.values())
 
 
-def forward_backward(mixer: Mixer, tensors, states, backend: str, cu_seqlens=None, scale=None, seed: int = 0) -> dict[str, torch.Tensor]:
+def forward_backward(mixer: Mixer, tensors, states, backend: str, cu_seqlens=None, scale=None, seed: int = 0, call=None) -> dict[str, torch.Tensor]:
     """One forward and backward of `mixer` on `backend` against random float64 cotangents (drawn on the output's
     device from `seed`) for the output and every final state: {"o", "state <name>" for each state, "d<input>" and
-    "dh0 <name>" for each gradient} (a gradient is None where the loss does not reach its input)."""
+    "dh0 <name>" for each gradient} (a gradient is None where the loss does not reach its input). call: what runs
+    instead of the mixer's own call (the autotuner's, launching a candidate configuration)."""
     leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
     h0 = tuple(s.detach().clone().requires_grad_() for s in states) if states is not None else ()
-    o, finals = mixer(**leaves, initial_state=(h0[0] if len(h0) == 1 else h0 or None), output_final_state=True,
+    o, finals = (call or mixer)(**leaves, initial_state=(h0[0] if len(h0) == 1 else h0 or None), output_final_state=True,
                       cu_seqlens=cu_seqlens, backend=backend, scale=scale)  # fmt: skip
     finals = finals if isinstance(finals, tuple) else (finals,)
     gen = torch.Generator(device=o.device).manual_seed(seed)
@@ -94,12 +95,13 @@ def forward_backward(mixer: Mixer, tensors, states, backend: str, cu_seqlens=Non
     return out
 
 
-def compare(mixer: Mixer, backend: str, tensors, states, cu_seqlens=None, scale=None, seed: int = 0) -> Comparison:
-    """Relative RMS errors of `backend` against the interpreter: output, final states, every gradient."""
+def compare(mixer: Mixer, backend: str, tensors, states, cu_seqlens=None, scale=None, seed: int = 0, call=None) -> Comparison:
+    """Relative RMS errors of `backend` against the interpreter: output, final states, every gradient (call: as
+    forward_backward takes it, for the backend's side)."""
     cu = torch.tensor(cu_seqlens, dtype=torch.int64) if cu_seqlens is not None else None
     ref = forward_backward(mixer, tensors, states, "interpret", cu, scale, seed)
     device = next(iter(tensors.values())).device
-    got = forward_backward(mixer, tensors, states, backend, cu.to(device) if cu is not None else None, scale, seed)
+    got = forward_backward(mixer, tensors, states, backend, cu.to(device) if cu is not None else None, scale, seed, call)
     return Comparison({k: rel_rms(got[k], ref[k]) for k in ref})
 
 

@@ -48,16 +48,22 @@ def list_cmd() -> None:
 @main.command()
 @click.argument("spec")
 @click.option("--graph", "graph_file", type=click.Path(dir_okay=False), help="Draw the IR to FILE (.png, .svg, .pdf or .json).")
-def explain(spec: str, graph_file: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the kernel plan as JSON instead of the report.")
+def explain(spec: str, graph_file: str | None, as_json: bool) -> None:
     """Show SPEC's classified IR and its kernel plan."""
     m = _load(spec)
-    for line in explain_mod.report(m.compiled):
-        click.echo(line)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(explain_mod.plan_json(m.compiled), indent=1))
+    else:
+        for line in explain_mod.report(m.compiled):
+            click.echo(line)
     if graph_file:
         if not graph_file.endswith((".png", ".svg", ".pdf", ".json")):
             raise click.BadParameter("use a .png, .svg, .pdf or .json file", param_hint="--graph")
         explain_mod.draw(m.compiled, graph_file)
-        click.echo(f"\ngraph written to {graph_file}")
+        click.echo(f"\ngraph written to {graph_file}", err=as_json)
 
 
 CASES = [  # (label, T, gate, initial state, packed sequences)
@@ -186,31 +192,32 @@ def autotune(spec: str, B: int, T: int, H: int, size: int, dtype: str, limit: in
         os.environ["TRITON_INTERPRET"] = "1"
     elif not torch.cuda.is_available():
         raise click.ClickException("autotune times kernels on a GPU and none is visible (use --interpret to exercise it on the CPU)")
-    from ..tuning import autotune as at
+    from ..tuning import config_cache as tuning_cache
+    from ..tuning import search
 
     m = _load(spec)
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
-    table = Table(title=f"{m.name}: B={B} T={T} H={H} dims={size} {dtype} on {at.device_name(torch.device('cuda' if not interpret else 'cpu'))}")
+    table = Table(title=f"{m.name}: B={B} T={T} H={H} dims={size} {dtype} on {tuning_cache.device_name(torch.device('cuda' if not interpret else 'cpu'))}")
     for col in ("config", "rel. error", "fwd+bwd ms", "note"):
         table.add_column(col)
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("autotuning", total=min(limit or 10**9, len(at.search_space(m, size)[1])))
+        task = progress.add_task("autotuning", total=min(limit or 10**9, len(search.search_space(m, size)[1])))
 
         def on_trial(t):
             progress.advance(task)
-            row = (at.describe(t.config), "-" if t.error is None else f"{t.error:.1e}", "-" if t.ms is None else f"{t.ms:.3f}", t.note)
+            row = (search.describe(t.config), "-" if t.error is None else f"{t.error:.1e}", "-" if t.ms is None else f"{t.ms:.3f}", t.note)
             table.add_row(*row)
             progress.console.print("  ".join(row), highlight=False)  # as it goes: the fastest so far is already stored
 
         try:
-            trials, keys = at.tune(m, B, T, H, size, torch_dtype, "cpu" if interpret else "cuda", limit, on_trial)
+            trials, keys = search.tune(m, B, T, H, size, torch_dtype, "cpu" if interpret else "cuda", limit, on_trial)
         except ValueError as e:
             raise click.ClickException(f"{m.name} has no Triton kernels to tune: {e}") from None
     console.print(table)
     if not keys:
         raise click.ClickException("no candidate was both correct and runnable")
     best = min((t for t in trials if t.ms is not None), key=lambda t: t.ms)
-    console.print(f"best: {at.describe(best.config)} ({best.ms:.3f} ms); saved to {at.cache_file()}")
+    console.print(f"best: {search.describe(best.config)} ({best.ms:.3f} ms); saved to {tuning_cache.cache_file()}")
 
 
 @main.command()

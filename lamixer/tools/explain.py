@@ -1,6 +1,7 @@
 """Human-readable summaries of a compiled spec: one row for `lamixer list`, a report for `explain`."""
 from __future__ import annotations
 
+from ..kernels.recurrent import MAX_T
 from ..passes.pipeline import Compiled
 
 
@@ -113,40 +114,51 @@ def report(c: Compiled) -> list[str]:
 
 
 def _kernels(c: Compiled) -> list[str]:
-    """Which generated kernels the triton backend runs for each scan, or why it cannot."""
-    from ..backends import triton as triton_backend
-    from ..backends import triton_delta
-    from ..emit.scans_module import carries_normaliser, chunk_config, normalisers
-
-    missing = triton_backend.unsupported(c)
+    """Which generated kernels the triton backend runs for each scan group (the kernel plan's), or why it cannot."""
+    groups = c.plan.groups
+    missing = [r for g in groups for r in g.missing]
     if missing:
         lines = ["triton kernels: none (the torch backend runs what the recurrent kernel does not): " + "; ".join(missing)]
     else:
         lines = ["triton kernels:"]
-        carried = normalisers(c)
-        for s in c.classification.scans:
-            if s.state in carried:
-                first = next(st for g in c.plan.fusable if s.state in g for st in g if st not in carried)
-                lines.append(f"  scan {s.state}: in scan {first}'s kernels, as their normaliser (its own [K] state; reads: score rows summed)")
-                continue
-            family, decay, read = chunk_config(s)
-            names = (triton_delta if family == triton_delta.FAMILY else triton_backend).kernel_names(decay)
-            ones = "_ones" if carries_normaliser(c, s.state) else ""
-            lines.append(f"  scan {s.state}: {family}_{decay}_{read}{ones}_float32_{{{', '.join(names)}}}")
-    return lines + _recurrent_kernels(c)
-
-
-def _recurrent_kernels(c: Compiled) -> list[str]:
-    """The recurrent kernel each scan runs on for inference on short sequences (backends/recurrent.py)."""
-    from ..backends import recurrent
-    from ..emit.scans_module import recurrent_configs
-
-    if not recurrent_configs(c):
-        return ["recurrent kernel: none (a scan without reads)"] if c.classification.scans else []
-    lines = [f"recurrent kernel (inference, sequences of at most {recurrent.MAX_T} tokens):"]
-    for s in c.classification.scans:
-        lines.append(f"  scan {s.state}: recurrent_{'_'.join(recurrent.template_config(s))}_float32_kernel")
+        for g in groups:
+            lines.append(f"  scan {' + '.join(g.states)}: {g.train.module}_float32_{{{', '.join(g.train.names)}}}")
+            if g.normaliser is not None:
+                lines.append(f"    {g.normaliser}: carried by these kernels as their normaliser (its own [K] state; reads: score rows summed)")
+    if any(g.decode is None for g in groups):
+        return lines + (["recurrent kernel: none (a scan without reads)"] if groups else [])
+    lines.append(f"recurrent kernel (inference, sequences of at most {MAX_T} tokens):")
+    lines.extend(f"  scan {' + '.join(g.states)}: {g.decode.module}_float32_kernel" for g in groups)
     return lines
+
+
+def _role(c: Compiled, group, n: int) -> str:
+    """What scan operand node n is to its group: the name `explain --json` lists a finished operand under."""
+    s = c.classification.scan(group.states[0])
+    roles = {s.write_key: "write key", s.erase_key: "erase key", s.log_decay: "log decay"}
+    roles.update({c.classification.scan(st).write_value: f"value of {st}" for st in group.states})
+    roles.update({r.query: "query" if len(s.reads) == 1 else f"query {i}" for i, r in enumerate(s.reads)})
+    return roles[n]
+
+
+def _kernels_json(k) -> dict | None:
+    return None if k is None else {"template": k.template, "args": dict(k.args), "kernels": list(k.names), "module": k.module}
+
+
+def plan_json(c: Compiled) -> dict:
+    """The kernel plan as plain data (`lamixer explain SPEC --json`)."""
+    nodes = c.plan.nodes
+    scans = []
+    for g in c.plan.groups:
+        finished = {when: {_role(c, g, n): form.as_dict(nodes) for n, form in forms}
+                    for when, forms in (("train", g.finished_train), ("decode", g.finished_decode))}  # fmt: skip
+        scans.append({
+            "states": list(g.states), "family": g.family, "decay": g.decay.as_dict(), "read": g.read if g.read else list(g.reads),
+            "normaliser": g.normaliser, "key_dim": g.key_dim, "value_dims": list(g.value_dims), "finished": finished,
+            "kernels": {"train": _kernels_json(g.train), "decode": _kernels_json(g.decode)},
+            "config_key": g.train.module if g.train else None, "torch_chunk": g.chunk, "missing": list(g.missing),
+        })  # fmt: skip
+    return {"spec": c.name, "title": c.graph.title, "scans": scans}
 
 
 def draw(c: Compiled, path: str) -> None:

@@ -1,10 +1,18 @@
-"""Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
+"""The fused recurrent scan: every classified scan token by token on one rendered kernel, forward only.
 
-Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/recurrent.py: MAX_T, MAX_HEAD_DIM, _read_mode, _READS, _reads,
-_multiprocessors, WARPS, WIDEST, blocks, _strides, _kernel, launch, recurrent_scan, scan.
-What comes before the copies is this file's own: NAMESPACE registers the custom ops under this
-module's import name; _kernel imports kernels() and _ACC from host.py.
+It serves inference on short sequences and decoding: the Triton backend runs a call's scans here
+when no gradient is asked for and no sequence is longer than MAX_T tokens, for the additive and the
+delta rule alike (it also runs scans the chunk templates do not, such as a state read twice). When
+autograd needs gradients the chunk kernels run.
+
+Why MAX_T = 64: the recurrent kernel does the O(T K V) work of the state update and nothing else,
+in T dependent steps of one multiply-add on a register-resident [K, BV] state block; a chunk
+kernel does the same state work plus O(T^2 (K + V)) intra-chunk scores, in one chunk of up to 64
+tokens, over several kernel launches. Up to
+about one chunk the T short dependent steps cost no more than a chunk does, so below 64 tokens the
+recurrent kernel does less work with fewer launches; beyond it the chunk kernels' parallel form wins
+as T grows. FLA's layers switch at the same length (fused_recurrent when seq_len <= 64). The
+threshold is a reasoned default, not yet timed on a GPU.
 """
 from __future__ import annotations
 
@@ -13,28 +21,11 @@ import functools
 import torch
 
 from ..runtime.scan import STATES_IN_PLACE, KeyForm, ScanOperands
-from .host import _pow2
+from .launch import ACC_NAMES, NAMESPACE, pow2
+from .loader import kernels
 
-NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
-
-
+FAMILY = "recurrent"  # the template
 MAX_T = 64  # the longest sequence the recurrent kernel takes (see the module docstring)
-
-
-MAX_HEAD_DIM = 256  # a whole key column of the state sits in one program's registers
-
-
-def _read_mode(decayed: bool, written: bool) -> str:
-    return "after" if written else ("mid" if decayed else "before")
-
-
-_READS = {((True, True),): "after"}
-
-
-def _reads(modes: tuple[tuple[bool, bool], ...]) -> str:
-    """The reads' positions joined by "_" (as the template takes them)."""
-    found = _READS.get(modes)
-    return found if found is not None else "_".join(_read_mode(dec, wr) for dec, wr in modes)
 
 
 @functools.cache
@@ -42,6 +33,9 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
+# num_warps for a [BK, BV] state block, and the widest value block per BK: from ptxas's register counts for sm_90
+# (bench/recurrent_registers.py, no GPU needed), the choices with no spills and at most ~100 registers a thread for
+# every rule and decay kind; other shapes of the same size can take 255 registers and spill. Not yet timed.
 WARPS = {(16, 16): 2, (16, 32): 2, (16, 64): 2, (32, 16): 2, (32, 32): 4, (32, 64): 2, (64, 16): 4, (64, 32): 2,
          (128, 16): 4, (128, 32): 4, (256, 16): 8}  # fmt: skip
 
@@ -52,8 +46,8 @@ WIDEST = {16: 64, 32: 64, 64: 32, 128: 32, 256: 16}
 def blocks(K: int, V: int, programs: int, device: torch.device) -> tuple[int, int, int]:
     """(BK, BV, num_warps): the whole key dim, the widest value block WIDEST allows, narrowed (down to 16) while the
     (value block, sequence x head) programs fill fewer than two waves of the GPU's multiprocessors."""
-    BK = _pow2(K)
-    BV = min(_pow2(V), WIDEST[BK])
+    BK = pow2(K)
+    BV = min(pow2(V), WIDEST[BK])
     while BV > 16 and programs * -(-V // BV) < 2 * _multiprocessors(device):
         BV //= 2
     return BK, BV, WARPS[(BK, BV)]
@@ -67,9 +61,7 @@ def _strides(x: torch.Tensor | None) -> tuple[int, int, int, int]:
 @functools.lru_cache(maxsize=1024)
 def _kernel(rule: str, decay: str, reads: str, acc: torch.dtype, K: int, V: int, programs: int, device: torch.device):
     """(the jitted kernel, BK, BV, num_warps) for one configuration and shape: looked up once per shape."""
-    from .host import _ACC, kernels
-
-    mod = kernels("recurrent", rule=rule, decay=decay, reads=reads, acc=_ACC[acc])
+    mod = kernels(FAMILY, rule=rule, decay=decay, reads=reads, acc=ACC_NAMES[acc])
     return (getattr(mod, f"{mod.NAME}_kernel"), *blocks(K, V, programs, device))
 
 
@@ -127,10 +119,7 @@ def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], tor
     """One state's scan on the recurrent kernel: ([o per read] in `dtype`, final state in float32, float64 when
     the inputs are). Operands go in as they are, in their dtype and strides: the kernel converts as it loads."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    g = ops.g
-    decay = "none" if g is None else "value" if ops.side == "value" else "scalar" if g.shape[-1] == 1 else "key"
-    queries = [q for q, _, _ in ops.reads]
-    reads = _reads(tuple((dec, wr) for _, dec, wr in ops.reads))
+    queries = [q for q, _ in ops.reads]
     factors = ops.query_factors
     if len(factors) == 1:
         qs = factors[0]
@@ -141,7 +130,7 @@ def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], tor
         qs = torch.stack([f.to(acc) if f is not None else torch.ones(ops.a.shape[2], dtype=acc, device=ops.a.device) for f in factors])
     h0 = (ops.h0 if ops.h0.dtype == acc else ops.h0.to(acc)).contiguous()
     rule = "additive" if ops.c is None else "delta"
-    args = (queries, qs, ops.a, ops.b, ops.c, ops.g, h0, ops.cu_seqlens, rule, decay, reads, dtype)
+    args = (queries, qs, ops.a, ops.b, ops.c, ops.g, h0, ops.cu_seqlens, rule, ops.decay, ops.positions, dtype)
     if ops.forms:  # key-side operands the kernel finishes (runtime.scan.KeyForm)
         none = KeyForm()
         fa, fc = ops.forms.get("a", none), ops.forms.get("c", none)

@@ -1,12 +1,12 @@
-"""Host code of the generated Triton kernels beside this file: launches, torch.library custom ops, autograd.
+"""The delta rule on generated Triton kernels (templates/scan_delta.py.jinja).
 
-Copied by lamixer compile, unchanged but for the custom ops' namespace and the imports inside functions,
-from lamixer/backends/triton_delta.py: FAMILY, SEGMENT, SOLVE_HALF, CHUNK_BLOCK, default_config,
-_forward, _delta_forward, delta_scan, _delta_backward, delta_scan_backward, _segment_suffix_sums,
-_decay_grad, _setup_context, _grads, _backward, _EagerDeltaScan, triton_delta_scan.
-What comes before the copies is this file's own: tb is host.py, as lamixer's triton backend is to
-its delta rule; scan_config gives every call the default configuration (lamixer's tuned ones live in
-lamixer's cache, not here); NAMESPACE registers the custom ops under this module's import name.
+S_t = diag(exp(g_t)) S_{t-1}, then S_t += a_t (b_t + S_t^T c_t)^T, read o_t = q_t^T S_read(t), for any write key
+a, value b and erase key c the classifier found (DeltaNet's is a = beta k, c = -k). The forward runs chunkwise
+in three kernels: per chunk in parallel the triangular solve T = (I - M)^-1 with W = T (c e^B), U0 = T b; one
+sequential pass over chunks per (value block, sequence x head) for the state entering every chunk and the
+corrected values U = U0 + W S0; the outputs per chunk in parallel. The backward recomputes the first two, then
+runs A^T dO per chunk, a reverse pass for dS at every chunk end, and the gradients per chunk. The scan and its
+backward are torch.library custom ops with fake implementations, like the additive family's.
 """
 from __future__ import annotations
 
@@ -14,16 +14,9 @@ import torch
 
 from ..runtime import fuse
 from ..runtime.scan import ScanOperands
-from . import host as tb
-from .host import Config, _pow2
-
-NAMESPACE = __name__.replace(".", "_")  # custom ops' namespace: this copy's own, whoever else is imported
-
-
-def scan_config(decay, read, acc, dtype, B, T, H, K, V, device, ones=False):
-    """The delta kernels' configuration: the default."""
-    return default_config(decay, K, V)
-
+from .config import Config
+from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, launch_args, pow2, run_scan_op, state_key_block, state_stages
+from .loader import kernels
 
 FAMILY = "scan_delta"
 
@@ -31,26 +24,27 @@ FAMILY = "scan_delta"
 SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
 
 
+KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_dgs_kernel", "bwd_grad_kernel")
+
+
+def kernel_names(decay: str) -> list[str]:
+    """The kernels a delta scan with this decay renders, in launch order (no decay: no d(log decay) terms)."""
+    return [k for k in KERNELS if decay != "none" or k != "bwd_dgs_kernel"]
+
+
+CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
+
+
+# the solve's float32 products when every use of T rounds it to the inputs' half type (templates/scan_delta.py.jinja)
 SOLVE_HALF = "tf32"
 
 
+# the per-chunk kernels' narrowest value block (prepare, output, A^T dO). On the H200 with Triton 3.6 (gated_deltanet,
+# bf16, B = 4, T = 8192) 16-wide blocks raised an illegal memory access, which compute-sanitizer memcheck placed in the
+# output kernel's bf16 dot q e^E S0 ([64, 64] x [64, 16]: shared memory addressed out of range), and 32-wide ones
+# raised one too (not located); the interpreter's bounds check finds every access of both inside its tensors: faults
+# of the compiled code. 64 and 128 wide ran in every check and benchmark.
 CHUNK_BLOCK = 64
-
-
-def default_config(decay: str, K: int, V: int) -> Config:
-    """64-token chunks, 64-wide key blocks, 4 warps (as measured on the H200, B = 4, T = 8192, H = 16, K = V = 128,
-    bf16): fewer register spills (32-token chunks, 8 warps, 16- or 32-wide value blocks, the least spilling by
-    ptxas) were slower there: gated_deltanet 13.2 / 47.3 ms against 6.1 / 28.7 forward / +backward. The value
-    blocks, as chunk_additive's: BV of the per-chunk kernels (prepare, output, dv), whole value rows, so that the
-    output kernel builds its scores once, not once per block (gated_deltanet's: 387 -> 267 us at 128; at least
-    CHUNK_BLOCK); BW of the two sequential passes, which hold the state (wider keys take narrower blocks); BG of the
-    gradient kernel, which holds the most. A per-key decay holds [BT, BT, BK] weights: 16-token chunks. BK is the key
-    block of the per-chunk kernels; the sequential passes hold the whole state (in blocks of tb.state_key_block
-    rows)."""
-    BW = min(64 if K <= 128 else 32, _pow2(V))
-    if decay == "key":
-        return Config(16, BW, min(64, _pow2(K)), 8, 1, BW=BW, BG=BW)
-    return Config(64, min(128, _pow2(V)), min(64, _pow2(K)), 4, 1, BW=BW, BG=BW, warps_grad=8)
 
 
 def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str, tm: torch.Tensor | None = None):
@@ -60,29 +54,29 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
-    BT, BV, BW = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, _pow2(V))), min(c_cfg.BW, _pow2(V))
-    BK = min(c_cfg.BK, _pow2(K))  # the key block of the per-chunk kernels (the state pass: tb.state_key_block)
+    BT, BV, BW = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, pow2(V))), min(c_cfg.BW, pow2(V))
+    BK = min(c_cfg.BK, pow2(K))  # the key block of the per-chunk kernels (the state pass: state_key_block)
     acc = h0.dtype
     varlen = cu is not None
-    chunks, indices, offsets = tb._chunks(cu, B, T, BT)
-    grid_chunks = (tb.triton_cdiv(T, BT), N * H) if not varlen else (chunks, H)
+    NC, indices, offsets = chunks(cu, B, T, BT)
+    grid_chunks = (cdiv(T, BT), N * H) if not varlen else (NC, H)
     work = acc if g is not None and g.dim() == 4 else a.dtype  # W, U, chunk-start states: the template's `lowp` (float32 under a per-key decay)
     solve = tm is None
     if solve:
         tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
     w = torch.empty(B, T, H, K, dtype=work, device=a.device)
     u = torch.empty(B, T, H, V, dtype=work, device=a.device)
-    shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **tb._launch(c_cfg))
+    shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
     getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
         a, c, b, g, tm, w, u, cu, indices, T, BK=BK, SOLVE=solve, PRECISION="ieee", ACC_PRECISION=acc_precision,
-        SOLVE_PRECISION=acc_precision if work == acc else tb._acc_precision(acc, SOLVE_HALF), **shapes,
+        SOLVE_PRECISION=acc_precision if work == acc else acc_precision(acc, SOLVE_HALF), **shapes,
     )  # fmt: skip
-    h = torch.empty(chunks, H, K, V, dtype=work, device=a.device)
+    h = torch.empty(NC, H, K, V, dtype=work, device=a.device)
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
-    getattr(mod, f"{mod.NAME}_state_kernel")[(tb.triton_cdiv(V, BW), N * H)](
-        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=tb.state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
-        **dict(shapes, BV=BW, num_stages=tb.state_stages(work, K)),
+    getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
+        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
+        **dict(shapes, BV=BW, num_stages=state_stages(work, K)),
     )  # fmt: skip
     return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
@@ -93,13 +87,13 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     the chunks' T = (I - M)^-1 [B, T, H, BT], kept for the backward so that it does not solve again).
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
-    mod = tb.kernels(FAMILY, decay=decay, read=read, acc=tb._ACC[h0.dtype])
+    mod = kernels(FAMILY, decay=decay, read=read, acc=ACC_NAMES[h0.dtype])
     cfg = Config.from_list(cfg)
-    tm, _, u, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, True, tb._acc_precision(h0.dtype))
+    tm, _, u, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, True, acc_precision(h0.dtype))
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
-    getattr(mod, f"{mod.NAME}_output_kernel")[(tb.triton_cdiv(V, shapes["BV"]), *grid_chunks)](
+    getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
         q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **shapes,
     )  # fmt: skip
     return o, ht, tm
@@ -119,16 +113,16 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
                     h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
                     decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
-    mod = tb.kernels(FAMILY, decay=decay, read=read, acc=tb._ACC[h0.dtype])
+    mod = kernels(FAMILY, decay=decay, read=read, acc=ACC_NAMES[h0.dtype])
     cfg = Config.from_list(cfg)
     acc = h0.dtype
-    precision = tb._acc_precision(acc)
+    precision = acc_precision(acc)
     _, w, u, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, False, precision, tm)
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    BW, BG = min(cfg.BW, _pow2(V)), min(cfg.BG or cfg.BV, _pow2(V))  # the reverse pass's and the gradient kernel's value blocks
-    NV = tb.triton_cdiv(V, BW)
+    BW, BG = min(cfg.BW, pow2(V)), min(cfg.BG or cfg.BV, pow2(V))  # the reverse pass's and the gradient kernel's value blocks
+    NV = cdiv(V, BW)
     do, dht = do.contiguous(), dht.contiguous()
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
     du = torch.empty(B, T, H, V, dtype=acc, device=a.device)
@@ -137,18 +131,18 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
         q, qs, a, g, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
-        USE_DHT=True, **dict(common, BV=BW, BK=tb.state_key_block(K), num_stages=tb.state_stages(w.dtype, K)),
+        USE_DHT=True, **dict(common, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
     )  # fmt: skip
     dgs = None
     if decay != "none":
         longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        NS = tb.triton_cdiv(longest, SEGMENT)
+        NS = cdiv(longest, SEGMENT)
         dgs = torch.empty(N, NS, H, K, dtype=acc, device=a.device)
         getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(NS, N * H)](
-            h, ht, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=_pow2(K), BV=min(128 * 128 // _pow2(K), _pow2(V)),
+            h, ht, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
             P=SEGMENT, IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: 32-wide tiles took 215 us (H200, gated_deltanet bf16, T = 8192)  # fmt: skip
     dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
-    NK = tb.triton_cdiv(K, shapes["BK"])
+    NK = cdiv(K, shapes["BK"])
     x_shape = (B, T, H, K) if decay == "key" else (NK, B, T, H)  # d(log decay)'s terms (the kernel's docstring)
     xq, xr = (torch.empty(x_shape, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
@@ -250,24 +244,16 @@ class _EagerDeltaScan(torch.autograd.Function):
         return _grads(ctx, do, dht, _delta_backward)
 
 
-def triton_delta_scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """A delta-rule scan on generated kernels: q, a, b, c contiguous [B, T, H, D] in `dtype`; decay and state in
-    float32 (float64 when the inputs are)."""
-    ((q, decayed, written),) = ops.reads
+def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One delta-rule scan on scan_delta's kernels, launched with `config`: q, a, b, c contiguous [B, T, H, D] in
+    `dtype`; decay and state in float32 (float64 when the inputs are)."""
+    ((q, read),) = ops.reads
     (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    if ops.g is None:
-        decay, g = "none", None
-    elif ops.g.shape[-1] == 1:
-        decay, g = "scalar", ops.g[..., 0].contiguous()
-    else:
-        decay, g = "key", ops.g.contiguous()
+    g = None if ops.g is None else ops.g[..., 0].contiguous() if ops.decay == "scalar" else ops.g.contiguous()
     a, b, c, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, ops.c, q))
     h0 = ops.h0.to(acc).contiguous()
     qs = qs.to(acc).contiguous() if qs is not None else None
-    read = tb._read_mode(decayed, written)
-    B, T, H, K = a.shape
-    config = scan_config(decay, read, tb._ACC[acc], dtype, B, T, H, K, b.shape[3], a.device)
-    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, decay, read, config.as_list())
-    o, ht = tb.run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
+    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list())
+    o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht

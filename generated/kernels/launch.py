@@ -1,0 +1,111 @@
+"""What every kernel family's host code shares: capability checks, chunk indexing, dot precisions, launch helpers."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+# the custom ops' namespace: lamixer's own, or, in a package that carries a copy of this folder, the package's, so both
+# register their ops in one process
+NAMESPACE = "lamixer" if __package__ == "lamixer.kernels" else __package__.replace(".", "_")
+ACC_NAMES = {torch.float32: "float32", torch.float64: "float64"}  # state and accumulator precision, as templates name it
+
+
+def pow2(n: int, lo: int = 16) -> int:
+    """The next power of two at least n and lo (Triton block shapes are powers of two, dots at least 16)."""
+    return max(lo, 1 << (max(n, 1) - 1).bit_length())
+
+
+MAX_HEAD_DIM = 256  # a whole key (or value) row of the state sits in one program's registers
+
+
+def launch_problems(device: torch.device) -> list[str]:
+    """Why Triton cannot launch kernels on tensors of this device (empty when it can): CUDA tensors; CPU ones under
+    TRITON_INTERPRET=1 or a driver set for them (bench/sm90.py's compile-only one)."""
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return []
+    from triton.runtime import driver
+
+    try:
+        if driver.active.get_active_torch_device().type == device.type:
+            return []
+    except RuntimeError:  # no driver at all: no GPU
+        pass
+    return [f"the inputs are on {device}, and the kernels run on CUDA tensors (on the CPU under TRITON_INTERPRET=1)"]
+
+
+def chunks(cu_seqlens: torch.Tensor | None, B: int, T: int, BT: int) -> tuple[int, torch.Tensor | None, torch.Tensor | None]:
+    """(number of chunks, chunk_indices [chunks, 2] = (sequence, chunk within it), chunk_offsets [N + 1] = each
+    sequence's first chunk); the two tensors only for packed sequences."""
+    if cu_seqlens is None:
+        return B * cdiv(T, BT), None, None
+    n = (cu_seqlens[1:] - cu_seqlens[:-1] + BT - 1) // BT
+    offsets = torch.cat([n.new_zeros(1), n.cumsum(0)])
+    total = int(offsets[-1])
+    seq = torch.repeat_interleave(torch.arange(len(n), device=n.device), n, output_size=total)
+    within = torch.arange(total, device=n.device) - offsets[:-1][seq]
+    return total, torch.stack([seq, within], 1).to(torch.int32).contiguous(), offsets.to(torch.int32)
+
+
+PRECISION = "ieee"  # float32 inputs keep float32 dots (tf32 would cost ~3e-4 relative); half types ignore it
+
+
+def run_scan_op(op, eager, forward, args: tuple, differentiable: tuple, n: int = 2) -> tuple[torch.Tensor, ...]:
+    """The first n outputs (o, final state, ..) of a scan's kernels: through the custom op `op` when torch.compile
+    traces, through `eager` (an autograd.Function doing the same without the op's dispatch, returning those n) when
+    one of `differentiable` needs a gradient, else straight to `forward` (the op's implementation)."""
+    if torch.compiler.is_compiling():
+        return op(*args)[:n]
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in differentiable):
+        return eager.apply(*args)
+    return forward(*args)[:n]
+
+
+def state_key_block(K: int) -> int:
+    """The key block of the sequential state passes (chunk_additive's walks, scan_delta's state pass): the state as
+    at most four [BK, BV] blocks (K <= 256)."""
+    return min(64, pow2(K))
+
+
+def state_stages(work: torch.dtype, K: int) -> int:
+    """The sequential state passes' pipeline stages, whatever the configuration's (H200, K = V = 128, bf16, 4 warps,
+    bench/state_probe.py: the delta state pass in the form of templates/state_blocks.jinja 216 us at 3 stages, 313
+    at 2, 632 at 1; chunk_additive's walk 159 / 215 / 388 with 32-wide value blocks). Intermediates of 4 bytes (float32
+    inputs) take 2; above K = 128 both take one fewer: more would not fit a block's
+    shared memory (the reverse pass of deltanet: float32 327680 bytes of 232448 at K = 128 and 3 stages, 245760 at
+    K = 256 and 2; bf16 245760 at K = 256 and 3; compiled for sm_90 by bench/sm90.py)."""
+    stages = 3 if work.itemsize == 2 else 2
+    return stages if K <= 128 else stages - 1
+
+
+ACC_PRECISIONS = ("tf32x3", "bf16x3", "bf16x6", "tf32", "ieee")  # Triton 3.6's for float32 dots on NVIDIA
+
+
+def bf16_interpreted() -> bool:
+    """Whether kernels run under the CPU interpreter as patched by lamixer.emulate.bf16_like_gpu(): bfloat16 dots
+    and casts, and float32 dots' input precision, as on the GPU."""
+    import sys
+
+    module = sys.modules.get("triton.runtime.interpreter")
+    return module is not None and getattr(module.InterpreterBuilder, "BF16_LIKE_GPU", False)
+
+
+def acc_precision(acc: torch.dtype, default: str = "tf32x3") -> str:
+    """How float32 intermediates enter the tensor cores: `default` (tf32x3: about float32's precision), unless
+    LAMIXER_ACC_PRECISION names another of ACC_PRECISIONS (for measuring, e.g. bf16x3: three bfloat16 products,
+    about 16 bits, fewer registers); float64 and the CPU interpreter (unless bf16_interpreted()) take ieee."""
+    if acc == torch.float64 or (os.environ.get("TRITON_INTERPRET") == "1" and not bf16_interpreted()):
+        return "ieee"
+    mode = os.environ.get("LAMIXER_ACC_PRECISION", default)
+    if mode not in ACC_PRECISIONS:
+        raise ValueError(f"LAMIXER_ACC_PRECISION={mode!r}: expected one of {', '.join(ACC_PRECISIONS)}")
+    return mode
+
+
+def launch_args(c) -> dict:
+    """A configuration's (kernels.config.Config) warps and stages as launch arguments."""
+    return dict(num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

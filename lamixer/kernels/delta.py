@@ -1,0 +1,259 @@
+"""The delta rule on generated Triton kernels (templates/scan_delta.py.jinja).
+
+S_t = diag(exp(g_t)) S_{t-1}, then S_t += a_t (b_t + S_t^T c_t)^T, read o_t = q_t^T S_read(t), for any write key
+a, value b and erase key c the classifier found (DeltaNet's is a = beta k, c = -k). The forward runs chunkwise
+in three kernels: per chunk in parallel the triangular solve T = (I - M)^-1 with W = T (c e^B), U0 = T b; one
+sequential pass over chunks per (value block, sequence x head) for the state entering every chunk and the
+corrected values U = U0 + W S0; the outputs per chunk in parallel. The backward recomputes the first two, then
+runs A^T dO per chunk, a reverse pass for dS at every chunk end, and the gradients per chunk. The scan and its
+backward are torch.library custom ops with fake implementations, like the additive family's.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runtime import fuse
+from ..runtime.scan import ScanOperands
+from .config import Config
+from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, launch_args, pow2, run_scan_op, state_key_block, state_stages
+from .loader import kernels
+
+FAMILY = "scan_delta"
+
+
+SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
+
+
+KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_dgs_kernel", "bwd_grad_kernel")
+
+
+def kernel_names(decay: str) -> list[str]:
+    """The kernels a delta scan with this decay renders, in launch order (no decay: no d(log decay) terms)."""
+    return [k for k in KERNELS if decay != "none" or k != "bwd_dgs_kernel"]
+
+
+CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
+
+
+# the solve's float32 products when every use of T rounds it to the inputs' half type (templates/scan_delta.py.jinja)
+SOLVE_HALF = "tf32"
+
+
+# the per-chunk kernels' narrowest value block (prepare, output, A^T dO). On the H200 with Triton 3.6 (gated_deltanet,
+# bf16, B = 4, T = 8192) 16-wide blocks raised an illegal memory access, which compute-sanitizer memcheck placed in the
+# output kernel's bf16 dot q e^E S0 ([64, 64] x [64, 16]: shared memory addressed out of range), and 32-wide ones
+# raised one too (not located); the interpreter's bounds check finds every access of both inside its tensors: faults
+# of the compiled code. 64 and 128 wide ran in every check and benchmark.
+CHUNK_BLOCK = 64
+
+
+def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str, tm: torch.Tensor | None = None):
+    """The prepare kernel and the state pass: (T, W, U, states at chunk starts, final state, chunk layout).
+
+    tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's), else solved."""
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu is None else len(cu) - 1
+    BT, BV, BW = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, pow2(V))), min(c_cfg.BW, pow2(V))
+    BK = min(c_cfg.BK, pow2(K))  # the key block of the per-chunk kernels (the state pass: state_key_block)
+    acc = h0.dtype
+    varlen = cu is not None
+    NC, indices, offsets = chunks(cu, B, T, BT)
+    grid_chunks = (cdiv(T, BT), N * H) if not varlen else (NC, H)
+    work = acc if g is not None and g.dim() == 4 else a.dtype  # W, U, chunk-start states: the template's `lowp` (float32 under a per-key decay)
+    solve = tm is None
+    if solve:
+        tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
+    w = torch.empty(B, T, H, K, dtype=work, device=a.device)
+    u = torch.empty(B, T, H, V, dtype=work, device=a.device)
+    shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
+    getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
+        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, SOLVE=solve, PRECISION="ieee", ACC_PRECISION=acc_precision,
+        SOLVE_PRECISION=acc_precision if work == acc else acc_precision(acc, SOLVE_HALF), **shapes,
+    )  # fmt: skip
+    h = torch.empty(NC, H, K, V, dtype=work, device=a.device)
+    ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
+    # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
+    getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
+        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
+        **dict(shapes, BV=BW, num_stages=state_stages(work, K)),
+    )  # fmt: skip
+    return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
+
+
+def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
+                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
+    the chunks' T = (I - M)^-1 [B, T, H, BT], kept for the backward so that it does not solve again).
+
+    qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
+    mod = kernels(FAMILY, decay=decay, read=read, acc=ACC_NAMES[h0.dtype])
+    cfg = Config.from_list(cfg)
+    tm, _, u, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, True, acc_precision(h0.dtype))
+    B, T, H, _ = a.shape
+    V = b.shape[-1]
+    o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+    getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
+        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **shapes,
+    )  # fmt: skip
+    return o, ht, tm
+
+
+delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward, mutates_args=())
+
+
+@delta_scan.register_fake
+def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg):
+    B, T, H, K = a.shape
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), h0.new_empty(B, T, H, Config.from_list(cfg).BT)
+
+
+def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
+                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
+                    decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
+    mod = kernels(FAMILY, decay=decay, read=read, acc=ACC_NAMES[h0.dtype])
+    cfg = Config.from_list(cfg)
+    acc = h0.dtype
+    precision = acc_precision(acc)
+    _, w, u, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, False, precision, tm)
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    BW, BG = min(cfg.BW, pow2(V)), min(cfg.BG or cfg.BV, pow2(V))  # the reverse pass's and the gradient kernel's value blocks
+    NV = cdiv(V, BW)
+    do, dht = do.contiguous(), dht.contiguous()
+    common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
+    du = torch.empty(B, T, H, V, dtype=acc, device=a.device)
+    getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, do, du, cu_seqlens, indices, T, **common)
+    dh = torch.empty_like(h)
+    dh0 = torch.empty_like(h0)
+    getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
+        q, qs, a, g, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
+        USE_DHT=True, **dict(common, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
+    )  # fmt: skip
+    dgs = None
+    if decay != "none":
+        longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+        NS = cdiv(longest, SEGMENT)
+        dgs = torch.empty(N, NS, H, K, dtype=acc, device=a.device)
+        getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(NS, N * H)](
+            h, ht, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
+            P=SEGMENT, IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: 32-wide tiles took 215 us (H200, gated_deltanet bf16, T = 8192)  # fmt: skip
+    dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
+    NK = cdiv(K, shapes["BK"])
+    x_shape = (B, T, H, K) if decay == "key" else (NK, B, T, H)  # d(log decay)'s terms (the kernel's docstring)
+    xq, xr = (torch.empty(x_shape, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
+    getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
+        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, cu_seqlens, indices, T, B * T * H,
+        **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps),
+    )  # fmt: skip
+    if g is None:
+        return dq, da, db, dc, q.new_empty(0), dh0
+    dg = fuse.function(_decay_grad, q.device, xq, xr, dgs, cu_seqlens, read, decay, g.dtype, when=cu_seqlens is None)
+    return dq, da, db, dc, dg, dh0
+
+
+def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
+    """Suffix sums along time within each segment of SEGMENT tokens (segments restart at every sequence)."""
+    def within(y):  # y: [B, L, H, D]
+        B, L = y.shape[:2]
+        pad = (-L) % SEGMENT
+        y = torch.nn.functional.pad(y, (0, 0, 0, 0, 0, pad)).reshape(B, -1, SEGMENT, *y.shape[2:])
+        return y.flip(2).cumsum(2).flip(2).reshape(B, -1, *y.shape[3:])[:, :L]
+
+    if cu is None:
+        return within(x)
+    offsets = cu.tolist()
+    return torch.cat([within(x[:, s:e]) for s, e in zip(offsets[:-1], offsets[1:])], 1)
+
+
+def _decay_grad(xq, xr, dgs, cu, read, decay, out_dtype) -> torch.Tensor:
+    """d(log decay) of each token in out_dtype ([B, T, H] for a scalar decay, else [B, T, H, K]) from the gradient
+    kernel's terms xq = q * dq and xr = c * dc - a * da (float32, before dq, da, dc were rounded; c the erase key,
+    which sees the decay as a query after it does; a scalar decay's summed per key block, [NK, B, T, H]): within the
+    token's segment of SEGMENT tokens, the suffix sum of xq (at the read's position) + xr, plus the segment's
+    whole-decay term sum dS_end * S_end over the value dim (dgs [N, NS, H, K]).
+
+    Summing only within segments keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
+    backward op runs this under torch.compile (runtime/fuse.py: function) for unpacked sequences.
+    """
+    if decay == "scalar":
+        xq, xr, dgs = xq.sum(0).unsqueeze(-1), xr.sum(0).unsqueeze(-1), dgs.sum(-1, keepdim=True)
+    B, T = xq.shape[:2]
+    pos = torch.arange(T, device=xq.device)
+    if cu is not None:
+        starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
+        pos = pos - starts
+    if read == "before":  # the read at i sees the decay through i - 1, of its own segment only
+        shifted = torch.cat([xq[:, 1:], torch.zeros_like(xq[:, :1])], 1)
+        keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=xq.device)])
+        xq = shifted * keep.view(1, T, 1, 1)
+    x = _segment_suffix_sums(xq + xr, cu)
+    seg = (pos // SEGMENT).view(1, T)
+    if cu is None:
+        x = x + dgs.gather(1, seg.expand(B, T).view(B, T, 1, 1).expand(B, T, *dgs.shape[2:]))
+    else:
+        seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=xq.device), cu[1:] - cu[:-1])
+        x = x + dgs[seq, seg[0]].unsqueeze(0)
+    return (x[..., 0] if decay == "scalar" else x).to(out_dtype)
+
+
+delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward", _delta_backward, mutates_args=())
+
+
+@delta_scan_backward.register_fake
+def _(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, decay, read, cfg):
+    dg = torch.empty_like(g) if g is not None else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
+
+
+def _setup_context(ctx, inputs, output):
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg = inputs
+    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[1], output[2])
+    ctx.config = (decay, read, cfg)
+
+
+def _grads(ctx, do, dht, backward):
+    """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
+    q, qs, a, b, c, g, h0, cu_seqlens, ht, tm = ctx.saved_tensors
+    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, *ctx.config)
+    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None
+
+
+def _backward(ctx, do, dht, _dtm):
+    return _grads(ctx, do, dht, delta_scan_backward)
+
+
+delta_scan.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerDeltaScan(torch.autograd.Function):
+    """The same as the custom op, without its dispatch outside torch.compile (deltanet's forward+backward took 835 us
+    of host time through the custom ops, 608 through this; launches stubbed, T = 128, on a 2-core CPU)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        o, ht, tm = _delta_forward(*inputs)
+        _setup_context(ctx, inputs, (o, ht, tm))
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        return _grads(ctx, do, dht, _delta_backward)
+
+
+def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One delta-rule scan on scan_delta's kernels, launched with `config`: q, a, b, c contiguous [B, T, H, D] in
+    `dtype`; decay and state in float32 (float64 when the inputs are)."""
+    ((q, read),) = ops.reads
+    (qs,) = ops.query_factors
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    g = None if ops.g is None else ops.g[..., 0].contiguous() if ops.decay == "scalar" else ops.g.contiguous()
+    a, b, c, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, ops.c, q))
+    h0 = ops.h0.to(acc).contiguous()
+    qs = qs.to(acc).contiguous() if qs is not None else None
+    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list())
+    o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
+    return [o], ht

@@ -1,0 +1,266 @@
+"""The kernel plan: for each group of scans, decided once at compile time, what every backend runs it on.
+
+A scan group is one state's scan, or several that share keys, decay and queries and run as one scan
+with their values side by side (LLN's S and z). For each group the plan fixes the update family, the
+decay (its kind, the state dim it runs along, whether it is a per-head constant), each read's
+position, the normaliser (a vector state the chunk kernels carry beside a matrix state), the
+operands the kernels read from the caller's inputs and finish themselves, the templates that train
+(chunk kernels) and decode (the recurrent kernel) and their render arguments, and the key tuned
+configurations are stored under. Backends, the tuner, `explain` and `lamixer compile` read the plan;
+nothing downstream derives these again from tensor shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import graph as ir
+from ..kernels import additive, delta, recurrent
+from ..render.templates import config_name
+from .classify import Classification, Scan
+from .order import Order, make_order
+
+# Chunk lengths of the torch backend: a per-dim decay materialises [C, C, dim] score tensors.
+CHUNK_SCALAR_DECAY = 64
+CHUNK_VECTOR_DECAY = 8
+
+
+@dataclass(frozen=True)
+class Decay:
+    kind: str  # what the kernels run: "none" | "scalar" | "key" | "value" (a per-head constant runs as "scalar")
+    axis: str | None  # the state dim a per-dim decay runs along (None: no decay, or one factor for the whole state)
+    constant: bool  # free of per-token inputs: a per-head constant such as RetNet's
+
+    def as_dict(self) -> dict:
+        return {"kind": self.kind, "axis": self.axis, "constant": self.constant}
+
+
+@dataclass(frozen=True)
+class Form:
+    """A scan operand the kernels read straight from the caller's input tensor and finish themselves:
+    (-1 if negate) * factor_h * token_t * (l2norm(input) if norm else input)."""
+
+    input: str
+    factor: int | None = None  # the node of a per-head constant, e.g. the read-out scale
+    negate: bool = False
+    norm: bool = False  # over the key dim
+    token: str | None = None  # a per-token scalar input, e.g. a delta rule's write strength
+    params: tuple[str, ...] = ()  # params the factor reads: while one of them needs a gradient, the operand is not finished in a kernel
+
+    @property
+    def scaled(self) -> bool:
+        return self.factor is not None or self.negate
+
+    def as_dict(self, nodes: dict[int, dict]) -> dict:
+        factor = None if self.factor is None else _spell(self.factor, nodes)
+        return {"input": self.input, "l2norm": self.norm, "factor": factor, "token": self.token, "negate": self.negate}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """One template's kernels for a scan group: rendered with `args` plus the accumulator dtype."""
+
+    template: str
+    args: tuple[tuple[str, object], ...]
+    names: tuple[str, ...]  # the kernels it renders, in launch order
+
+    @property
+    def module(self) -> str:
+        """The rendered module's name (without the accumulator dtype): the key tuned configurations are stored under."""
+        return config_name(self.template, dict(self.args))
+
+    def render_args(self, acc: str) -> dict:
+        return {**dict(self.args), "acc": acc}
+
+
+@dataclass(frozen=True)
+class ScanGroup:
+    """What runs one group of scans."""
+
+    states: tuple[str, ...]  # the group's states in declaration order; their values side by side in this order
+    normaliser: str | None  # the vector state the chunk kernels carry beside the matrix ones (chunk_additive's `ones`)
+    family: str  # the update rule: "additive" | "delta"
+    decay: Decay
+    reads: tuple[str, ...]  # each read's position: "before" (S_{t-1}), "mid" (after the decay), "after" (after the write)
+    key_dim: str
+    value_dims: tuple[str | None, ...]  # per state (None: a vector state)
+    chunk: int  # the torch backend's chunk length
+    train: Kernels | None  # the chunk kernels (None: `missing` says why)
+    decode: Kernels | None  # the recurrent kernel (None: a scan without reads)
+    missing: tuple[str, ...]  # why no chunk template covers the group
+    # operands finished inside the kernels, by scan-operand node: the chunk kernels take plain inputs and a query's
+    # per-head factor (they split each key row over programs); the recurrent kernel, which holds whole key rows, also
+    # l2norms, per-token factors and signs of key-side operands
+    finished_train: tuple[tuple[int, Form], ...] = ()
+    finished_decode: tuple[tuple[int, Form], ...] = ()
+
+    @property
+    def read(self) -> str | None:
+        """The single read's position (None when the group has several reads, or none)."""
+        return self.reads[0] if len(self.reads) == 1 else None
+
+
+@dataclass
+class KernelPlan(Order):
+    groups: list[ScanGroup] = field(default_factory=list)
+
+    def group(self, state: str) -> ScanGroup:
+        """The group whose scan computes `state`."""
+        return next(g for g in self.groups if state in g.states)
+
+    @property
+    def fusable(self) -> list[tuple[str, ...]]:
+        """The groups of more than one state (one kernel, values side by side)."""
+        return [g.states for g in self.groups if len(g.states) > 1]
+
+    @property
+    def chunk(self) -> dict[str, int]:
+        return {st: g.chunk for g in self.groups for st in g.states}
+
+
+def make_plan(g: ir.Graph, cls: Classification) -> KernelPlan:
+    order = make_order(g, cls)
+    plan = KernelPlan(**vars(order))
+    plan.groups = [_group(g, cls, plan.nodes, states) for states in _fusable(cls)]
+    return plan
+
+
+def _fusable(cls: Classification) -> list[tuple[str, ...]]:
+    """Scans grouped: those with the same rule (additive), keys, decay and queries run as one."""
+    groups: list[tuple[str, ...]] = []
+    for i, a in enumerate(cls.scans):
+        if any(a.state in grp for grp in groups):
+            continue
+        group = [a.state]
+        for b in cls.scans[i + 1:]:
+            same_reads = [(r.query, r.decayed, r.written) for r in a.reads] == [(r.query, r.decayed, r.written) for r in b.reads]
+            if (a.rule == b.rule == "additive" and a.write_key == b.write_key and a.log_decay == b.log_decay
+                    and a.decay in ("none", "constant", "scalar", "key") and b.decay == a.decay and same_reads):  # fmt: skip
+                group.append(b.state)
+        groups.append(tuple(group))
+    return groups
+
+
+def _decay(s: Scan) -> Decay:
+    axis = s.key_dim if s.decay == "key" else s.value_dim if s.decay == "value" else None
+    return Decay(s.kernel_decay, axis, s.decay == "constant")
+
+
+def _normaliser(cls: Classification, states: tuple[str, ...]) -> str | None:
+    """The one vector state of a group beside matrix states: the chunk kernels carry it as their normaliser."""
+    vectors = [st for st in states if cls.scan(st).value_dim is None]
+    return vectors[0] if len(vectors) == 1 and len(states) > 1 else None
+
+
+def _group(g: ir.Graph, cls: Classification, nodes: dict[int, dict], states: tuple[str, ...]) -> ScanGroup:
+    s = cls.scan(states[0])
+    decay = _decay(s)
+    reads = tuple(r.position for r in s.reads)
+    normaliser = _normaliser(cls, states)
+    missing = _missing(s)
+    train = None if missing else _train(s, decay, reads[0], normaliser is not None)
+    decode = Kernels(recurrent.FAMILY, (("rule", s.rule), ("decay", decay.kind), ("reads", "_".join(reads))), ("kernel",)) if reads else None
+    forms = _Forms(g, nodes)
+    return ScanGroup(states, normaliser, s.rule, decay, reads, s.key_dim, tuple(cls.scan(st).value_dim for st in states),
+                     CHUNK_VECTOR_DECAY if decay.kind in ("key", "value") else CHUNK_SCALAR_DECAY, train, decode, tuple(missing),
+                     tuple(forms.of(s, finished=False).items()), tuple(forms.of(s, finished=True).items()))  # fmt: skip
+
+
+def _missing(s: Scan) -> list[str]:
+    """Why no chunk template covers a scan (empty when one does)."""
+    if not s.reads:
+        return [f"state {s.state}: a scan without reads (final state only) has no Triton template yet"]
+    if len(s.reads) > 1:
+        return [f"state {s.state}: more than one read of one state has no Triton template yet"]
+    return []
+
+
+def _train(s: Scan, decay: Decay, read: str, ones: bool) -> Kernels:
+    if s.rule == "delta":
+        return Kernels(delta.FAMILY, (("decay", decay.kind), ("read", read)), tuple(delta.kernel_names(decay.kind)))
+    args = additive.template_args(decay.kind, read, "", ones)
+    args.pop("acc")
+    return Kernels(additive.FAMILY, tuple(args.items()), tuple(additive.kernel_names(decay.kind)))
+
+
+CONSTANT_LEAVES = ("const", "dim", "head", "scale")
+
+
+class _Forms:
+    """The scan operands kernels can read straight from the caller's tensors (Form), found on the IR."""
+
+    def __init__(self, g: ir.Graph, nodes: dict[int, dict]):
+        self.nodes = nodes
+
+    def per_head_constant(self, n: int) -> tuple[str, ...] | None:
+        """The params a per-head constant reads (empty: none), or None when n is not one."""
+        d = self.nodes[n]
+        if d["dims"]:
+            return None
+        if d["op"] == "param":
+            return (d["name"],)
+        if d["op"] in CONSTANT_LEAVES:
+            return ()
+        if d["op"] in ("unary", "binary"):
+            found = [self.per_head_constant(a) for a in d["args"]]
+            return None if any(f is None for f in found) else tuple(p for f in found for p in f)
+        return None
+
+    def plain_input(self, n: int) -> str | None:
+        return self.nodes[n]["name"] if self.nodes[n]["op"] == "input" else None
+
+    def form(self, n: int) -> Form | None:
+        """n as a Form of any shape, or None."""
+        d, nodes = self.nodes[n], self.nodes
+        if self.plain_input(n):
+            return Form(self.plain_input(n))
+        if d["op"] == "normalize" and d["fn"] == "l2norm" and self.plain_input(d["args"][0]):
+            return Form(self.plain_input(d["args"][0]), norm=True)
+        if d["op"] == "binary" and d["fn"] == "sub" and nodes[d["args"][0]]["op"] == "const" and nodes[d["args"][0]]["value"] == 0:
+            inner = self.form(d["args"][1])
+            return None if inner is None else Form(inner.input, inner.factor, not inner.negate, inner.norm, inner.token, inner.params)
+        if d["op"] == "binary" and d["fn"] == "mul":
+            for x, f in (d["args"], tuple(reversed(d["args"]))):
+                inner = self.form(x)
+                if inner is None:
+                    continue
+                params = self.per_head_constant(f)
+                if inner.factor is None and params is not None:
+                    return Form(inner.input, f, inner.negate, inner.norm, inner.token, params)
+                if inner.token is None and self.plain_input(f) and not nodes[f]["dims"]:
+                    return Form(inner.input, inner.factor, inner.negate, inner.norm, self.plain_input(f), inner.params)
+        return None
+
+    def key_side(self, n: int | None, query: bool, finished: bool) -> Form | None:
+        found = self.form(n) if n is not None else None
+        if found is None or (query and found.token is not None):
+            return None
+        if finished:
+            return found
+        plain = not (found.norm or found.token is not None or found.negate)  # the chunk kernels take a query's factor only
+        return found if plain and (found.factor is None or query) else None
+
+    def of(self, s: Scan, finished: bool) -> dict[int, Form]:
+        """The operands of scan s the kernels read from the caller's tensors; finished: the recurrent kernel's forms."""
+        out = {}
+        for n in (s.write_value, s.log_decay):
+            if n is not None and self.plain_input(n):
+                out[n] = Form(self.plain_input(n))
+        keys = ((s.write_key, False), *(((s.erase_key, False),) if finished else ()), *((r.query, True) for r in s.reads))
+        for n, query in keys:
+            found = self.key_side(n, query, finished)
+            if found is not None:
+                out[n] = found
+        return out
+
+
+def _spell(n: int, nodes: dict[int, dict]) -> str:
+    """A per-head constant written out (for `explain`)."""
+    d = nodes[n]
+    if d["op"] == "param" or d["op"] == "dim":
+        return d["name"]
+    if d["op"] == "const":
+        return repr(d["value"])
+    if d["op"] in ("scale", "head"):
+        return d["op"]
+    args = ", ".join(_spell(a, nodes) for a in d["args"])
+    return f"{d['fn']}({args})"
