@@ -54,10 +54,9 @@ def main():
             ours = grads(lambda t: m(**t, backend="triton")[0], tensors)
             row["lamixer"] = {k: float(f"{rel_rms(ours[k], ref[k]):.3g}") for k in ref}
             if have_fla and name in bench.COMPETITORS:
-                fn = bench._import(bench.COMPETITORS[name][0])
-                call = bench.COMPETITORS[name][1]
+                entry = bench.COMPETITORS[name]["chunk"]
                 try:
-                    theirs = grads(lambda t: call(fn, t)[0], tensors)
+                    theirs = grads(lambda t: bench.peer_call(entry, t)[0], tensors)
                     row["fla"] = {k: float(f"{rel_rms(theirs[k], ref[k]):.3g}") for k in ref if k in theirs}
                 except Exception as e:  # a failing competitor must not stop the run
                     row["fla"] = repr(e)[:300]

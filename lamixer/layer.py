@@ -89,7 +89,7 @@ def _evaluate(e: S.Expr, env: dict[str, Value], draw=None) -> Value:
 
 def _binary(fn: str, a: Value, b: Value) -> Value:
     (x, dx), (y, dy) = a, b
-    want = dy if set(dx) <= set(dy) else dx
+    want = ir.broadcast(dx, dy)
     # a 0-d number stays 0-d, so it takes the other operand's dtype instead of promoting it to float64
     x = x if x.dim() == 0 else ops.align(x, dx, want)
     y = y if y.dim() == 0 else ops.align(y, dy, want)

@@ -47,7 +47,7 @@ SOLVE_HALF = "tf32"
 CHUNK_BLOCK = 64
 
 
-def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precision: str, tm: torch.Tensor | None = None):
+def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None):
     """The prepare kernel and the state pass: (T, W, U, states at chunk starts, final state, chunk layout).
 
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's), else solved."""
@@ -68,14 +68,14 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, acc_precisi
     u = torch.empty(B, T, H, V, dtype=work, device=a.device)
     shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
     getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
-        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, SOLVE=solve, PRECISION="ieee", ACC_PRECISION=acc_precision,
-        SOLVE_PRECISION=acc_precision if work == acc else acc_precision(acc, SOLVE_HALF), **shapes,
+        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, SOLVE=solve, PRECISION="ieee", ACC_PRECISION=precision,
+        SOLVE_PRECISION=precision if work == acc else acc_precision(acc, SOLVE_HALF), **shapes,
     )  # fmt: skip
     h = torch.empty(NC, H, K, V, dtype=work, device=a.device)
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
-        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=acc_precision,
+        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision,
         **dict(shapes, BV=BW, num_stages=state_stages(work, K)),
     )  # fmt: skip
     return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))

@@ -12,6 +12,7 @@ tensor's dtype.
 from __future__ import annotations
 
 from ..frontend import syntax as S
+from ..ir.graph import broadcast
 from ..ir.lower import HIDDEN, canonical_fn
 from ..passes.pipeline import Compiled
 from ..runtime import ops
@@ -64,7 +65,7 @@ class _Expr:
 
     def binary(self, fn: str, a, b):
         (x, dx, kx), (y, dy, ky) = a, b
-        want = dy if set(dx) <= set(dy) else dx
+        want = broadcast(dx, dy)
         if kx == ky == "number" or fn in ("max", "min"):  # two numbers combine as float64 tensors; maximum and minimum take tensors
             x, kx = self.wrap(x, kx)
         if fn in ("max", "min"):

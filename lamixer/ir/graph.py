@@ -33,6 +33,14 @@ OPS = LEAF_OPS + (
 HEAD_DIM = "H"
 
 
+
+def broadcast(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The dims of an elementwise result of operands of dims a and b, matched by name: the wider one's, when the
+    other's dims are all among them (b's when they are the same set); None when neither holds the other's."""
+    if set(a) <= set(b):
+        return b
+    return a if set(b) <= set(a) else None
+
 @dataclass(frozen=True)
 class Operand:
     """A declared input or parameter of the mixer, in call order."""

@@ -70,10 +70,9 @@ class _Lowerer:
     # ---- shape rules ----
     def elementwise_dims(self, fn: str, a: int, b: int, loc: Loc) -> tuple[str, ...]:
         da, db = self.graph.dims_of(a), self.graph.dims_of(b)
-        if set(da) <= set(db):
-            return db
-        if set(db) <= set(da):
-            return da
+        dims = ir.broadcast(da, db)
+        if dims is not None:
+            return dims
         extra = " (use outer(a, b) for an outer product)" if fn == "mul" and len(da) == len(db) == 1 else ""
         raise self.err(f"cannot combine values of dims {_fmt(da)} and {_fmt(db)} with '{fn}'{extra}", loc)
 
@@ -391,11 +390,10 @@ class _LayerLowerer:
         return self.broadcast(dims[0], dims[1], e.fn, e.loc) if want == 2 else dims[0]
 
     def broadcast(self, a: tuple[str, ...], b: tuple[str, ...], fn: str, loc: Loc) -> tuple[str, ...]:
-        if set(a) <= set(b):
-            return b
-        if set(b) <= set(a):
-            return a
-        raise self.err(f"cannot combine values of dims {_fmt(a)} and {_fmt(b)} with '{fn}'", loc)
+        dims = ir.broadcast(a, b)
+        if dims is None:
+            raise self.err(f"cannot combine values of dims {_fmt(a)} and {_fmt(b)} with '{fn}'", loc)
+        return dims
 
     def is_constant(self, e: S.Expr) -> bool:
         """Numbers, options and dims combined by arithmetic (no draws, no layer values)."""

@@ -179,7 +179,7 @@ class _StateAnalysis:
                 return y
             zero = g.add("const", (), (), loc, value=0.0)
             return g.add("binary", (zero, y), g.dims_of(y), loc, fn="sub")
-        dims = g.dims_of(x) if set(g.dims_of(y)) <= set(g.dims_of(x)) else g.dims_of(y)
+        dims = ir.broadcast(g.dims_of(x), g.dims_of(y))
         return g.add("binary", (x, y), dims, loc, fn=fn)
 
     def log_decay(self, factors: list[int]) -> int | None:

@@ -18,8 +18,7 @@ def _expected_dims(g: ir.Graph, n: int) -> tuple[str, ...] | None:
     if op in ("unary", "normalize", "output", "state_out"):
         return dims[0]
     if op == "binary":
-        a, b = dims
-        return b if set(a) <= set(b) else a
+        return ir.broadcast(*dims)
     if op == "outer":
         return dims[0] + dims[1]
     if op == "matmul":

@@ -8,8 +8,10 @@ decoding: the state) once at the measured copy bandwidth. `lamixer bench` and be
 """
 from __future__ import annotations
 
+import json
 import time
 import traceback
+from importlib import resources
 
 import torch
 import torch.nn.functional as F
@@ -20,28 +22,30 @@ from .check import random_call, rel_rms
 H, D, BT_TOTAL = 16, 128, 32768
 DEVICE = "cuda"  # where run() puts its tensors
 
-# The competitor for each shipped spec in flash-linear-attention: (chunk op, its call, recurrent op for decode, its call).
-COMPETITORS = {
-    "linear_attn": ("fla.ops.linear_attn:chunk_linear_attn", lambda f, t: f(t["q"], t["k"], t["v"], normalize=False),
-                    "fla.ops.linear_attn:fused_recurrent_linear_attn", lambda f, t, h0: f(t["q"], t["k"], t["v"], initial_state=h0, output_final_state=True, normalize=False)),
-    "simple_gla": ("fla.ops.simple_gla:chunk_simple_gla", lambda f, t: f(t["q"], t["k"], t["v"], t["g"].float()),
-                   "fla.ops.simple_gla:fused_recurrent_simple_gla", lambda f, t, h0: f(t["q"], t["k"], t["v"], t["g"].float(), initial_state=h0, output_final_state=True)),
-    "gla": ("fla.ops.gla:chunk_gla", lambda f, t: f(t["q"], t["k"], t["v"], t["g"]),
-            "fla.ops.gla:fused_recurrent_gla", lambda f, t, h0: f(t["q"], t["k"], t["v"], gk=t["g"], initial_state=h0, output_final_state=True)),
-    "retnet": ("fla.ops.retention:chunk_retention", lambda f, t: f(t["q"], t["k"], t["v"]),
-               "fla.ops.retention:fused_recurrent_retention", lambda f, t, h0: f(t["q"], t["k"], t["v"], initial_state=h0, output_final_state=True)),
-    "deltanet": ("fla.ops.delta_rule:chunk_delta_rule", lambda f, t: f(t["q"], t["k"], t["v"], t["beta"], use_qk_l2norm_in_kernel=True),
-                 "fla.ops.delta_rule:fused_recurrent_delta_rule", lambda f, t, h0: f(t["q"], t["k"], t["v"], t["beta"], initial_state=h0,
-                                                                                    output_final_state=True, use_qk_l2norm_in_kernel=True)),
-    "gated_deltanet": ("fla.ops.gated_delta_rule:chunk_gated_delta_rule",
-                       lambda f, t: f(t["q"], t["k"], t["v"], t["g"].float(), t["beta"], use_qk_l2norm_in_kernel=True),
-                       "fla.ops.gated_delta_rule:fused_recurrent_gated_delta_rule",
-                       lambda f, t, h0: f(t["q"], t["k"], t["v"], t["g"].float(), t["beta"], initial_state=h0, output_final_state=True,
-                                          use_qk_l2norm_in_kernel=True)),
-    "gsa": ("fla.ops.gsa:chunk_gsa", lambda f, t: f(t["q"], t["k"], t["v"], t["s"], t["g"]),
-            "fla.ops.gsa:fused_recurrent_gsa", lambda f, t, h0: f(t["q"], t["k"], t["v"], t["s"], t["g"], initial_state=h0, output_final_state=True)),
-}  # fmt: skip
+def _competitors() -> dict:
+    """Each shipped spec's peer in flash-linear-attention, as data (competitors.json beside this file)."""
+    table = json.loads(resources.files("lamixer").joinpath("tools/competitors.json").read_text())
+    return {name: entry for name, entry in table.items() if not name.startswith("_")}
 
+
+COMPETITORS = _competitors()
+
+
+def _argument(value, tensors: dict):
+    """A peer's argument: a string names one of the call's tensors (NAME:float32 converts it), anything else is itself."""
+    if not isinstance(value, str):
+        return value
+    name, _, dtype = value.partition(":")
+    return tensors[name].to(getattr(torch, dtype)) if dtype else tensors[name]
+
+
+def peer_call(entry: dict, tensors: dict, h0=None):
+    """Call a peer as its table entry says, on the call's tensors (h0: a decode call's initial state)."""
+    fn = _import(entry["fn"])
+    kwargs = {k: _argument(v, tensors) for k, v in entry.get("kwargs", {}).items()}
+    if h0 is not None:
+        kwargs.update(initial_state=h0, output_final_state=True)
+    return fn(*(_argument(a, tensors) for a in entry["args"]), **kwargs)
 
 
 def _import(path: str):
@@ -130,9 +134,8 @@ def run(mixers: list[Mixer], Ts: list[int], vs: set[str], decode: bool = True, l
                 ours["fwd_vs_floor"] = round(ours["fwd_ms"] / fwd_floor, 2)
             emit(ours)
             if have_fla and m.name in COMPETITORS:
-                path, call = COMPETITORS[m.name][:2]
-                fn = _import(path)
-                theirs = _time(f"fla {path.split(':')[1]}", lambda: call(fn, tensors)[0], do, dict(T=T, B=B), leaves)
+                entry = COMPETITORS[m.name]["chunk"]
+                theirs = _time(f"fla {entry['fn'].split(':')[1]}", lambda: peer_call(entry, tensors)[0], do, dict(T=T, B=B), leaves)
                 for k in ("fwd_ms", "fwdbwd_ms"):
                     if k in ours and k in theirs:
                         ours[f"{k[:-3]}_vs_fla"] = round(ours[k] / theirs[k], 2)
@@ -225,9 +228,8 @@ def decode_rows(m: Mixer, bandwidth: float, have_fla: bool = False) -> list[dict
             with torch.no_grad():
                 row = decode_row(f"lamixer {m.name} decode", B, sum(s.numel() * 4 for s in h0), bandwidth, step, graphed(step))
                 if have_fla and m.name in COMPETITORS:
-                    path, call = COMPETITORS[m.name][2:]
-                    fn = _import(path)
-                    row["fla_us"] = round(wall_us(lambda: call(fn, tensors, h0_arg)), 1)
+                    entry = COMPETITORS[m.name]["decode"]
+                    row["fla_us"] = round(wall_us(lambda: peer_call(entry, tensors, h0_arg)), 1)
             return row
 
         rows.append(_guarded(f"lamixer {m.name} decode", B, mixer_row))
