@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache
 
-import lamixer
-
+from ..errors import ArgumentError
+from ..layer import LayerState
 from .packing import select_rows
 
-Entry = lamixer.LayerState | tuple[torch.Tensor, torch.Tensor] | None
+Entry = LayerState | tuple[torch.Tensor, torch.Tensor] | None
 
 
 class LamixerCache(Cache):
@@ -34,7 +34,7 @@ class LamixerCache(Cache):
         # containers this cache has no use for: everything a Cache method needs is set here instead.
         if num_layers is None:
             if config is None:
-                raise lamixer.ArgumentError("config", "LamixerCache needs the model's config (or num_layers)")
+                raise ArgumentError("config", "LamixerCache needs the model's config (or num_layers)")
             num_layers = config.num_layers
         self.entries: list[Entry] = [None] * num_layers
         self.mask: torch.Tensor | None = None  # [B, L] bool: the positions seen so far that held real tokens

@@ -7,37 +7,19 @@ change a saved model.
 from __future__ import annotations
 
 import math
-from importlib import resources
 from pathlib import Path
 
 from transformers import PretrainedConfig
 
-import lamixer
-
-SPEC_SUFFIX = ".lam"
-
-
-def _shipped_text(name: str) -> str:
-    """The text of the shipped spec `name`, read from the package's data files."""
-    root = resources.files("lamixer")
-    direct = root.joinpath("specs", name + SPEC_SUFFIX)
-    if direct.is_file():
-        return direct.read_text()
-    pending = [root]  # the specs' folder may move inside the package: look for the file anywhere in it
-    while pending:
-        for entry in pending.pop().iterdir():
-            if entry.is_dir():
-                pending.append(entry)
-            elif entry.name == name + SPEC_SUFFIX:
-                return entry.read_text()
-    raise lamixer.ArgumentError("spec", f"the shipped spec {name!r} has no {SPEC_SUFFIX} file in the lamixer package")
+from ..api import SPEC_SUFFIX, loads, shipped_source, shipped_specs
+from ..errors import ArgumentError
 
 
 def _read(path: Path) -> str:
     try:
         return path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise lamixer.ArgumentError("spec", f"cannot read {str(path)!r}: {e}") from None
+        raise ArgumentError("spec", f"cannot read {str(path)!r}: {e}") from None
 
 
 def resolve_spec(spec: str | Path) -> tuple[str, str]:
@@ -49,16 +31,16 @@ def resolve_spec(spec: str | Path) -> tuple[str, str]:
     if isinstance(spec, Path):
         text, origin = _read(spec), str(spec)
     elif not isinstance(spec, str):
-        raise lamixer.ArgumentError("spec", f"must be a shipped spec name, a path or spec text, got {type(spec).__name__}")
+        raise ArgumentError("spec", f"must be a shipped spec name, a path or spec text, got {type(spec).__name__}")
     elif "\n" in spec:
         text, origin = spec, "<spec>"
-    elif spec in lamixer.shipped_specs():
-        text, origin = _shipped_text(spec), spec + SPEC_SUFFIX
+    elif spec in shipped_specs():
+        text, origin = shipped_source(spec), spec + SPEC_SUFFIX
     elif Path(spec).is_file():
         text, origin = _read(Path(spec)), spec
     else:
-        raise lamixer.ArgumentError("spec", f"{spec!r} is neither a shipped spec ({', '.join(lamixer.shipped_specs())}), a file, nor spec text")
-    return text, lamixer.loads(text, origin).name
+        raise ArgumentError("spec", f"{spec!r} is neither a shipped spec ({', '.join(shipped_specs())}), a file, nor spec text")
+    return text, loads(text, origin).name
 
 
 def _default_intermediate(hidden_size: int, mlp_ratio: float) -> int:
@@ -70,7 +52,7 @@ def _default_intermediate(hidden_size: int, mlp_ratio: float) -> int:
 def _attention_layers(attn_layers, num_layers: int) -> list[int]:
     layers = sorted({int(i) for i in (attn_layers or ())})
     if any(not 0 <= i < num_layers for i in layers):
-        raise lamixer.ArgumentError("attn_layers", f"holds layer indices in [0, {num_layers}), got {list(attn_layers)}")
+        raise ArgumentError("attn_layers", f"holds layer indices in [0, {num_layers}), got {list(attn_layers)}")
     return layers
 
 
@@ -142,11 +124,11 @@ class LamixerConfig(PretrainedConfig):
             return
         heads, kv_heads = self.attn_num_heads, self.attn_num_kv_heads
         if self.hidden_size % heads:
-            raise lamixer.ArgumentError("attn_num_heads", f"must divide hidden_size = {self.hidden_size}, got {heads}")
+            raise ArgumentError("attn_num_heads", f"must divide hidden_size = {self.hidden_size}, got {heads}")
         if heads % kv_heads:
-            raise lamixer.ArgumentError("attn_num_kv_heads", f"must divide attn_num_heads = {heads}, got {kv_heads}")
+            raise ArgumentError("attn_num_kv_heads", f"must divide attn_num_heads = {heads}, got {kv_heads}")
         if self.attn_rope_theta is not None and (self.hidden_size // heads) % 2:
-            raise lamixer.ArgumentError("attn_num_heads", f"rotary turns pairs of features, but the head dim {self.hidden_size // heads} is odd")
+            raise ArgumentError("attn_num_heads", f"rotary turns pairs of features, but the head dim {self.hidden_size // heads} is odd")
 
     @property
     def layer_kinds(self) -> list[str]:

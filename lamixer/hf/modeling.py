@@ -20,8 +20,9 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-import lamixer
-
+from ..api import loads
+from ..errors import ArgumentError
+from ..layer import Layer
 from .cache import Entry, LamixerCache
 from .configuration import LamixerConfig
 from .packing import Packing, run_layer
@@ -112,13 +113,13 @@ class SoftmaxAttention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.num_heads * self.head_dim)), (k, v)
 
 
-def build_layer(config: LamixerConfig) -> lamixer.Layer:
+def build_layer(config: LamixerConfig) -> Layer:
     """The config's lamixer.Layer. transformers builds a model to be loaded on the meta device, but a layer works out
     its sizes from real numbers (its spec's size expressions), so it is built on the CPU then."""
-    mixer = lamixer.loads(config.spec, f"{config.spec_name}.lam")
+    mixer = loads(config.spec, f"{config.spec_name}.lam")
     device = "cpu" if torch.get_default_device().type == "meta" else None
     with torch.device(device) if device else contextlib.nullcontext():
-        return lamixer.Layer(mixer, config.hidden_size, config.num_heads, backend=config.backend, **config.layer_options)
+        return Layer(mixer, config.hidden_size, config.num_heads, backend=config.backend, **config.layer_options)
 
 
 class LamixerBlock(nn.Module):
@@ -159,7 +160,7 @@ class Context:
             mask = None
         seen = cache.seen if cache is not None and cache.seen is not None else torch.zeros(B, dtype=torch.int64, device=device)
         if seen.shape[0] != B:
-            raise lamixer.ArgumentError("cache", f"holds {seen.shape[0]} sequences, but the input has {B}")
+            raise ArgumentError("cache", f"holds {seen.shape[0]} sequences, but the input has {B}")
         step = torch.arange(T, device=device)[None] if mask is None else mask.long().cumsum(1) - 1
         past_mask = None if cache is None else cache.mask
         return cls(mask, past_mask, seen.to(device)[:, None] + step, None if mask is None else Packing.of(mask))
@@ -189,7 +190,7 @@ class Context:
 def _new_tokens_mask(attention_mask: torch.Tensor, past: int, B: int, T: int) -> torch.Tensor:
     """The mask of the T new tokens: attention_mask covers them alone [B, T] or every position so far [B, past + T]."""
     if attention_mask.dim() != 2 or attention_mask.shape[0] != B or attention_mask.shape[1] not in (T, past + T):
-        raise lamixer.ArgumentError("attention_mask", f"must be [B, T] or [B, past + T] = [{B}, {T}] or [{B}, {past + T}] of 0s and 1s, "
+        raise ArgumentError("attention_mask", f"must be [B, T] or [B, past + T] = [{B}, {T}] or [{B}, {past + T}] of 0s and 1s, "
                                     f"got {list(attention_mask.shape)}")  # fmt: skip
     return attention_mask[:, attention_mask.shape[1] - T :].bool()
 
@@ -210,7 +211,7 @@ class LamixerPreTrainedModel(PreTrainedModel):
         return False
 
     def _init_weights(self, module: nn.Module) -> None:
-        # only the modules around the mixers: a lamixer.Layer keeps the initialisation its spec declares
+        # only the modules around the mixers: a Layer keeps the initialisation its spec declares
         std = self.config.initializer_range
         if isinstance(module, (Projection, nn.Embedding)):
             init.normal_(module.weight, mean=0.0, std=std)
@@ -238,7 +239,7 @@ class LamixerModel(LamixerPreTrainedModel):
         if use_cache is None:
             return cache is not None or (bool(self.config.use_cache) and self.cacheable and not self.training)
         if use_cache and not self.cacheable:
-            raise lamixer.ArgumentError("use_cache", f"{self.config.spec_name} runs on whole sequences only: it has no state to cache "
+            raise ArgumentError("use_cache", f"{self.config.spec_name} runs on whole sequences only: it has no state to cache "
                                         "(generate with use_cache=False)")  # fmt: skip
         return use_cache
 
@@ -257,10 +258,10 @@ class LamixerModel(LamixerPreTrainedModel):
         """input_ids [B, T] (or inputs_embeds [B, T, hidden]); attention_mask [B, T] or [B, past + T], 0 at padding;
         cache: a LamixerCache to continue (generate() passes it), or one is made when use_cache."""
         if (input_ids is None) == (inputs_embeds is None):
-            raise lamixer.ArgumentError("input_ids", "pass exactly one of input_ids and inputs_embeds")
+            raise ArgumentError("input_ids", "pass exactly one of input_ids and inputs_embeds")
         cache = cache if cache is not None else past_key_values
         if cache is not None and not isinstance(cache, LamixerCache):
-            raise lamixer.ArgumentError("cache", f"must be a LamixerCache (the model's own), got {type(cache).__name__}")
+            raise ArgumentError("cache", f"must be a LamixerCache (the model's own), got {type(cache).__name__}")
         use_cache = self._use_cache(use_cache, cache)
         if use_cache and cache is None:
             cache = LamixerCache(self.config)
@@ -337,7 +338,7 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, num_items_in_batc
     """Cross-entropy of each position's logits against the next token's label, labels of -100 ignored: the mean over
     the counted tokens, or their sum over num_items_in_batch (the Trainer's count under gradient accumulation)."""
     if logits.shape[:2] != labels.shape:
-        raise lamixer.ArgumentError("labels", f"must be [B, T] = {list(logits.shape[:2])} (with logits_to_keep=0), got {list(labels.shape)}")
+        raise ArgumentError("labels", f"must be [B, T] = {list(logits.shape[:2])} (with logits_to_keep=0), got {list(labels.shape)}")
     pred = logits[:, :-1].reshape(-1, logits.shape[-1])
     pred = pred if pred.dtype == torch.float64 else pred.float()  # the softmax over a large vocabulary in float32 at least
     target = labels[:, 1:].reshape(-1).to(logits.device)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-import lamixer
+from ..layer import Layer, LayerState
 
 
 @dataclass
@@ -57,14 +57,14 @@ class Packing:
         return out
 
 
-def select_rows(state: lamixer.LayerState, rows: torch.Tensor) -> lamixer.LayerState:
+def select_rows(state: LayerState, rows: torch.Tensor) -> LayerState:
     """The state of the sequences `rows` of `state`."""
-    return lamixer.LayerState(state.spec, rows.numel(), tuple(s.index_select(0, rows) for s in state.mixer),
+    return LayerState(state.spec, rows.numel(), tuple(s.index_select(0, rows) for s in state.mixer),
                               {k: c.index_select(0, rows) for k, c in state.conv.items()},
                               None if state.position is None else state.position.index_select(0, rows))  # fmt: skip
 
 
-def place_rows(base: lamixer.LayerState | None, batch: int, rows: torch.Tensor, new: lamixer.LayerState) -> lamixer.LayerState:
+def place_rows(base: LayerState | None, batch: int, rows: torch.Tensor, new: LayerState) -> LayerState:
     """A state for `batch` sequences: `new`'s sequences at `rows`, the others as in `base` (zeros when base is None)."""
 
     def merge(old: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
@@ -73,13 +73,13 @@ def place_rows(base: lamixer.LayerState | None, batch: int, rows: torch.Tensor, 
 
     old_mixer = base.mixer if base is not None else (None,) * len(new.mixer)
     old_conv = base.conv if base is not None else {}
-    return lamixer.LayerState(new.spec, batch, tuple(merge(o, n) for o, n in zip(old_mixer, new.mixer)),
+    return LayerState(new.spec, batch, tuple(merge(o, n) for o, n in zip(old_mixer, new.mixer)),
                               {k: merge(old_conv.get(k), c) for k, c in new.conv.items()},
                               merge(None if base is None else base.position, new.position))  # fmt: skip
 
 
-def run_layer(layer: lamixer.Layer, x: torch.Tensor, packing: Packing | None, state: lamixer.LayerState | None,
-              keep_state: bool) -> tuple[torch.Tensor, lamixer.LayerState | None]:  # fmt: skip
+def run_layer(layer: Layer, x: torch.Tensor, packing: Packing | None, state: LayerState | None,
+              keep_state: bool) -> tuple[torch.Tensor, LayerState | None]:  # fmt: skip
     """A lamixer layer on x [B, T, hidden] whose masked tokens (packing) do not exist for it.
 
     Returns (y [B, T, hidden], the state after x, or None unless keep_state). A row with no real token
@@ -104,7 +104,7 @@ def run_layer(layer: lamixer.Layer, x: torch.Tensor, packing: Packing | None, st
     return packing.unpack(y), place_rows(state, packing.batch, packing.rows, new)
 
 
-def _row_by_row(layer: lamixer.Layer, x: torch.Tensor, packing: Packing) -> torch.Tensor:
+def _row_by_row(layer: Layer, x: torch.Tensor, packing: Packing) -> torch.Tensor:
     """A spec with whole-input statistics (LLN) sees every packed sequence's tokens in its statistics, so each row
     runs alone on its real tokens."""
     out = x.new_zeros(x.shape)
