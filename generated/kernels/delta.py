@@ -39,11 +39,8 @@ CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, 
 SOLVE_HALF = "tf32"
 
 
-# the per-chunk kernels' narrowest value block (prepare, output, A^T dO). On the H200 with Triton 3.6 (gated_deltanet,
-# bf16, B = 4, T = 8192) 16-wide blocks raised an illegal memory access, which compute-sanitizer memcheck placed in the
-# output kernel's bf16 dot q e^E S0 ([64, 64] x [64, 16]: shared memory addressed out of range), and 32-wide ones
-# raised one too (not located); the interpreter's bounds check finds every access of both inside its tensors: faults
-# of the compiled code. 64 and 128 wide ran in every check and benchmark.
+# the per-chunk kernels' narrowest value block (prepare, output, A^T dO): Triton 3.6's code for narrower ones faulted on
+# the H200 (illegal memory accesses the interpreter's bounds check does not find: bench/results/NOTES.md)
 CHUNK_BLOCK = 64
 
 
@@ -140,7 +137,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         dgs = torch.empty(N, NS, H, K, dtype=acc, device=a.device)
         getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(NS, N * H)](
             h, ht, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
-            P=SEGMENT, IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: 32-wide tiles took 215 us (H200, gated_deltanet bf16, T = 8192)  # fmt: skip
+            P=SEGMENT, IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: narrower tiles were slower  # fmt: skip
     dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
     NK = cdiv(K, shapes["BK"])
     x_shape = (B, T, H, K) if decay == "key" else (NK, B, T, H)  # d(log decay)'s terms (the kernel's docstring)
@@ -230,8 +227,8 @@ delta_scan.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _EagerDeltaScan(torch.autograd.Function):
-    """The same as the custom op, without its dispatch outside torch.compile (deltanet's forward+backward took 835 us
-    of host time through the custom ops, 608 through this; launches stubbed, T = 128, on a 2-core CPU)."""
+    """The same as the custom op, without its dispatch outside torch.compile (the dispatch was a third of the host time
+    of a forward+backward: bench/results/NOTES.md)."""
 
     @staticmethod
     def forward(ctx, *inputs):

@@ -97,14 +97,14 @@ def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None
     if choices is None:
         choices = remember(call.memo, key, _choices(compiled, call, interpreted, configs))
     scans, direct, prog, chunked = choices
-    # fused: chunked scans with per-token work around them (with none, torch.compile's dispatch only adds host time:
-    # linear_attn's forward 64 -> 189 us on a 2-core CPU, launches stubbed); the autotuner times kernels unfused
+    # fused: chunked scans with per-token work around them (with none, torch.compile's dispatch only adds host time);
+    # the autotuner times kernels unfused
     return fuse.run(_evaluate, compiled.name, call, compiled, scans, direct, prog, when=chunked and not configs and prog.per_token_work)
 
 
 def _evaluate(call: Call, compiled: Compiled, scans, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The evaluation fuse.run compiles, o already in the caller's dtype: the cast then fuses into the last per-token
-    kernel, where after it was a pass of its own each way (lln on the H200: 95 us of a 2.1 ms forward)."""
+    kernel, where after it is a pass of its own each way."""
     o, finals = evaluate.run(compiled, call, scans, direct, prog)
     return o.to(call.out_dtype), finals
 

@@ -68,12 +68,9 @@ def state_key_block(K: int) -> int:
 
 
 def state_stages(work: torch.dtype, K: int) -> int:
-    """The sequential state passes' pipeline stages, whatever the configuration's (H200, K = V = 128, bf16, 4 warps,
-    bench/state_probe.py: the delta state pass in the form of templates/state_blocks.jinja 216 us at 3 stages, 313
-    at 2, 632 at 1; chunk_additive's walk 159 / 215 / 388 with 32-wide value blocks). Intermediates of 4 bytes (float32
-    inputs) take 2; above K = 128 both take one fewer: more would not fit a block's
-    shared memory (the reverse pass of deltanet: float32 327680 bytes of 232448 at K = 128 and 3 stages, 245760 at
-    K = 256 and 2; bf16 245760 at K = 256 and 3; compiled for sm_90 by bench/sm90.py)."""
+    """The sequential state passes' pipeline stages, whatever the configuration's: three for 2-byte intermediates (each
+    stage fewer roughly doubles a pass's time), two for float32 ones; above K = 128 one fewer, as more would not fit
+    a Hopper block's shared memory (bench/results/NOTES.md, "Where the kernels' defaults come from")."""
     stages = 3 if work.itemsize == 2 else 2
     return stages if K <= 128 else stages - 1
 

@@ -2,10 +2,9 @@
 epilogue) fused by torch.compile (inductor) on a GPU, forward and backward, into a few kernels around the scans,
 which it sees as custom ops.
 
-On the H200 this took deltanet from 3.83 / 13.56 to 2.10 / 6.54 ms (forward / forward+backward, B = 4, T = 8192,
-H = 16, D = 128, bf16) and lln from 7.35 / 17.74 to 3.43 / 8.80. Each call signature (shapes, dtypes, which
-arguments are given; Call.memo) and grad mode compiles once, for its static shapes: a dynamic-shape graph measured
-up to 1.9x slower (lln forward 2.35 -> 4.28 ms); a signature's first call runs unfused, the second compiles.
+Unfused, that work was about half of deltanet's and lln's time (bench/results/NOTES.md). Each call signature
+(shapes, dtypes, which arguments are given; Call.memo) and grad mode compiles once, for its static shapes: a
+dynamic-shape graph ran slower; a signature's first call runs unfused, the second compiles.
 Packed sequences (their lengths change from batch to batch), calls made while a caller's torch.compile traces
 (Call.memo is None then) and specs with no per-token work around their scans (the caller's `when`: fusing would
 only add host time) run unfused. LAMIXER_FUSE=0 turns fusion off.

@@ -67,7 +67,7 @@ def fla_available() -> bool:
 def do_bench(fn, leaves=()) -> float:
     """Median ms of fn; `leaves` (tensors fn's backward reaches) get no gradient to accumulate into: each timed
     backward writes fresh ones, as a model's activations do (an accumulating add per input is a whole extra pass,
-    278 us of lln's 5.67 ms forward+backward on the H200)."""
+    which would count on both sides of every comparison)."""
     import triton
 
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median", grad_to_none=list(leaves) or None)
