@@ -1,5 +1,6 @@
 # Two entry points: `make demo` (install, then check every shipped spec against the interpreter)
-# and `make test` (install, then the test suite). Each installs what it needs into .venv.
+# and `make test` (install, then the test suite). Each installs what it needs into .venv: the demo
+# only the package and its core dependencies, the tests the dev extras on top.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,10 +10,14 @@ PINS := torch==2.13.0 "triton==3.6.*" "numpy<2.4"
 
 .PHONY: demo test lint bench-cpu clean
 
+# The package and what it imports, nothing else: the demo's install is most of its time.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(PINS)
+	$(BIN)/python -m pip install -q -e . $(PINS)
+	touch $@
+
+# pytest, hypothesis, ruff, matplotlib and transformers on top of it.
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e ".[dev]" $(PINS)
 	touch $@
 
@@ -22,10 +27,10 @@ demo: $(VENV)/.installed
 	$(BIN)/lamixer explain gsa
 	TRITON_INTERPRET=1 $(BIN)/lamixer check --all
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check lamixer tests bench examples generated
 
 bench-cpu: $(VENV)/.installed
