@@ -40,9 +40,32 @@ def test_store_and_lookup_round_trip(private_cache):
 
 @pytest.mark.parametrize("content", ["{not json", '{"version": 0, "entries": {}}', '["a list"]'])
 def test_a_corrupt_or_stale_cache_is_ignored_with_a_warning(private_cache, content):
-    (private_cache / "autotune.json").write_text(content)
+    at.cache_file().write_text(content)
     with pytest.warns(UserWarning, match="ignoring the autotune cache"):
         assert at.lookup("anything") is None
+
+
+def test_gpu_runs_and_the_interpreter_keep_separate_caches(private_cache, monkeypatch):
+    """Timings under Triton's interpreter mean nothing for a GPU: its entries go to a file of their own."""
+    assert at.cache_file() == private_cache / "autotune-interpreter.json"  # tests run under the interpreter (conftest.py)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    c, key = Config(32, 64, 32, 8, 2), at.entry_key("gpu", "abc", torch.bfloat16, at.shape_bucket(4, 8192, 16, 128, 128))
+    assert at.store(key, c, {}) == private_cache / "autotune.json" and at.lookup(key) == c
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert at.lookup(key) is None
+
+
+def test_autotune_interpret_leaves_the_gpu_cache_alone(private_cache):
+    """`lamixer autotune --interpret` exercises the search on the CPU; what it stores is not for GPU runs to read."""
+    from click.testing import CliRunner
+
+    from lamixer.tools.cli import main
+
+    args = ["autotune", "simple_gla", "--interpret", "--B", "1", "--T", "24", "--H", "2", "--size", "16", "--dtype", "fp32", "--limit", "2"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert not (private_cache / "autotune.json").exists()
+    assert "autotune-interpreter.json" in " ".join(result.output.split())  # where it says it saved the winner
 
 
 def test_without_an_entry_the_default_is_used_at_once():

@@ -1,9 +1,11 @@
 """Kernel configurations: sensible defaults, an on-disk cache of tuned ones, and the search that fills it.
 
-A tuned configuration is keyed by the GPU's name, the rendered kernel source's hash (which covers
-the template version and the scan's classification), the kernel dtype and a bucketed shape. The
-cache is JSON written atomically; a corrupt file is ignored with a warning. Without an entry the
-default is used at once: tuning only ever happens when asked for (`lamixer autotune`).
+A tuned configuration is keyed by the GPU's name, the Triton and torch versions, the rendered kernel
+source's hash (which covers the template version and the scan's classification), the kernel dtype and
+a bucketed shape. The cache is JSON written atomically under a file lock (concurrent tuners keep each
+other's entries); a corrupt file, and an entry the kernels could not launch with, are ignored with a
+warning. Without an entry the default is used at once: tuning only ever happens when asked for
+(`lamixer autotune`).
 """
 from __future__ import annotations
 
@@ -18,9 +20,11 @@ from pathlib import Path
 
 import torch
 import triton
+from filelock import FileLock
 
 from ..kernels.config import Config
-from ..kernels.launch import pow2
+from ..kernels.launch import MAX_HEAD_DIM, pow2
+from ..render.kernel_cache import cache_root
 
 CACHE_VERSION = 3  # 3: keys carry the Triton and torch versions (2: configurations of eight settings)
 
@@ -35,8 +39,43 @@ def device_name(device: torch.device) -> str:
 
 
 def cache_file() -> Path:
-    root = Path(os.environ.get("LAMIXER_CACHE", Path.home() / ".cache" / "lamixer"))
-    return root / "autotune.json"
+    """The user's tuning cache; under Triton's interpreter a file of its own, so that its timings, which mean nothing
+    for a GPU, never reach the file GPU runs read."""
+    return cache_root() / ("autotune-interpreter.json" if os.environ.get("TRITON_INTERPRET") == "1" else "autotune.json")
+
+
+LOCK_TIMEOUT_S = 60  # a store waits this long for another process's (one store holds the lock for milliseconds)
+
+BLOCKS = {1 << n for n in range(4, MAX_HEAD_DIM.bit_length())}  # block sizes: powers of two, dots take at least 16, a program at most a head dim
+CHUNKS = {16, 32, 64}  # chunk lengths: whole 16-row strips dividing scan_delta's 64-token segments
+WARPS = {1, 2, 4, 8, 16}
+# the values each setting of a stored configuration may take (in Config's order); 0 in BG and warps_grad: "as BV, num_warps"
+ALLOWED = {"BT": CHUNKS, "BV": BLOCKS, "BK": BLOCKS, "num_warps": WARPS, "num_stages": {1, 2, 3, 4}, "BW": BLOCKS, "BG": {0} | BLOCKS,
+           "warps_grad": {0} | WARPS}  # fmt: skip
+
+
+def invalid(entry) -> str | None:
+    """Why a stored entry's configuration cannot launch the kernels (a hand-edited or damaged cache), None when it can."""
+    values = entry.get("config") if isinstance(entry, dict) else None
+    if not isinstance(values, list) or len(values) != len(ALLOWED):
+        return f"its configuration is not a list of {len(ALLOWED)} settings"
+    for (name, allowed), value in zip(ALLOWED.items(), values):
+        # bool is an int to Python, and 64.0 == 64: only true integers pass
+        if type(value) is not int or value not in allowed:
+            return f"{name} = {value!r} is not one of {', '.join(map(str, sorted(allowed)))}"
+    return None
+
+
+def _valid(entries: dict, path) -> dict:
+    """entries without the invalid ones, each ignored with a warning."""
+    kept = {}
+    for key, entry in entries.items():
+        problem = invalid(entry)
+        if problem is None:
+            kept[key] = entry
+        else:
+            warnings.warn(f"ignoring the autotune entry {key!r} in {path}: {problem}", stacklevel=4)
+    return kept
 
 
 def _read(path) -> dict:
@@ -56,7 +95,8 @@ _memo: dict[str, dict] = {}
 
 
 def _entries() -> dict:
-    """Shipped configurations (lamixer/tuning/configs/*.json), overridden by the user's cache; read once per process."""
+    """Shipped configurations (lamixer/tuning/configs/*.json), overridden by the user's cache; read once per process.
+    Only valid entries: an invalid one is not taken for its key, nor for a neighbouring shape's (nearest_key)."""
     key = str(cache_file())
     if key not in _memo:
         entries: dict = {}
@@ -64,8 +104,8 @@ def _entries() -> dict:
         if shipped.is_dir():
             for f in sorted(shipped.iterdir()):
                 if f.name.endswith(".json"):
-                    entries.update(_read(f))
-        entries.update(_read(cache_file()))
+                    entries.update(_valid(_read(f), f))
+        entries.update(_valid(_read(cache_file()), cache_file()))
         _memo[key] = entries
     return _memo[key]
 
@@ -117,24 +157,37 @@ def nearest_key(key: str) -> str | None:
 
 def lookup(key: str) -> Config | None:
     """The configuration stored for key, else for the nearest shape bucket of the same kernels (nearest_key), else None."""
-    key = nearest_key(key) or key
-    found = _entries().get(key)
-    try:
-        return Config.from_list(found["config"]) if found else None
-    except (KeyError, TypeError, ValueError):
-        warnings.warn(f"ignoring a malformed autotune entry {key!r}", stacklevel=2)
-        return None
+    found = nearest_key(key)
+    return Config.from_list(_entries()[found]["config"]) if found is not None else None
 
 
-def store(key: str, config: Config, timings: dict) -> Path:
-    """Add one entry to the user's cache, atomically (a concurrent reader sees the old or the new file)."""
+def store(key: str, config: Config, timings: dict) -> Path | None:
+    """Add one entry to the user's cache and return its path; None, with a warning, when the cache cannot be written.
+
+    The read-modify-write holds a file lock (another process's store between the read and the write would otherwise
+    lose its entry), and the file is replaced atomically (a reader, which takes no lock, sees the old or the new one)."""
     path = cache_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    entries = _read(path)
-    entries[key] = {"config": config.as_list(), "timings": timings, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"version": CACHE_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-    _memo.pop(str(path), None)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S):
+            entries = _read(path)
+            entries[key] = {"config": config.as_list(), "timings": timings, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+            _replace(path, json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True))
+    except OSError as e:  # filelock's Timeout is one too
+        warnings.warn(f"could not store the autotune entry {key!r} in {path}: {e}", stacklevel=2)
+        return None
+    finally:
+        _memo.pop(str(path), None)
     return path
+
+
+def _replace(path: Path, text: str) -> None:
+    """path holding text, written to a temporary file beside it and renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -69,7 +69,8 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     those of whichever beat it).
 
     Returns the trials and the cache keys written. Timing uses triton.testing.do_bench on a GPU (the
-    only meaningful place); under the CPU interpreter it uses wall time, for testing the machinery.
+    only meaningful place); under the CPU interpreter it uses wall time, for testing the machinery, and
+    the winner goes to the interpreter's own cache file, never to the one GPU runs read (config_cache.cache_file).
     """
     missing = triton_backend.unsupported(mixer.compiled)
     if missing:
