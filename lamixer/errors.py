@@ -1,6 +1,7 @@
 """Every mistake a user can make raises a subclass of LamixerError, located in the spec or the call."""
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 from .runtime.errors import ArgumentError, LamixerError
@@ -14,6 +15,13 @@ class Loc:
 
     line: int
     col: int
+
+
+def _visible(line: str) -> str:
+    """A source line as a terminal shows it safely: control characters (an escape sequence would act on the terminal)
+    as their control pictures, one column each, so the caret stays under its column."""
+    return "".join(chr(0x2400 + ord(ch)) if ord(ch) < 0x20 else "\u2421" if ch == "\x7f" else "\ufffd" if unicodedata.category(ch) == "Cc" else ch
+                   for ch in line)  # fmt: skip
 
 
 class SpecError(LamixerError):
@@ -33,7 +41,7 @@ class SpecError(LamixerError):
         lines = self.source.split("\n")  # as the parser counts lines (splitlines would also split at \f)
         if not 1 <= self.loc.line <= len(lines):
             return head
-        text = lines[self.loc.line - 1].expandtabs(1)
+        text = _visible(lines[self.loc.line - 1].expandtabs(1))
         caret = " " * (max(self.loc.col, 1) - 1) + "^"
         return f"{head}\n    {text}\n    {caret}"
 

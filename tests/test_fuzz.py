@@ -303,3 +303,66 @@ def test_spec_text_is_never_executed(tmp_path):
         except lamixer.LamixerError:
             pass
     assert not marker.exists()
+
+
+HUGE = "9" * 4400  # past Python's limit on int() of a digit string (4300)
+
+
+@pytest.mark.parametrize("text, line", [
+    (f"mixer m\ndims K = {HUGE}, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S\n", 2),
+    (shipped_source("deltanet").replace("conv q, k, v conv_size silu", f"conv q, k, v {HUGE} silu"), 16),
+    (shipped_source("gla").replace("proj g lowrank gate_rank bias", f"proj g lowrank {HUGE} bias"), 14),
+    (shipped_source("retnet").replace("rotary q, k", f"rotary q, k {HUGE}"), 15),
+])
+def test_huge_whole_numbers_are_located_errors(text, line):
+    """Found: lark's VisitError (int() of over 4300 digits) escaped from a dim size and a conv, lowrank or rotary count."""
+    with pytest.raises(lamixer.SpecError, match="digits") as info:
+        lamixer.loads(text, FILENAME)
+    assert info.value.loc.line == line
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x1b", "\x7f", "\x85", "\t", "\x0b"])
+def test_control_characters_in_a_title_are_located_errors(char):
+    """Found: a NUL in a title compiled into a package Python cannot parse."""
+    text = f'mixer m "ab{char}c"\ndims K\ninput q[K]\nout o = q\n'
+    with pytest.raises(lamixer.SpecError, match=f"U\\+{ord(char):04X}") as info:
+        lamixer.loads(text, FILENAME)
+    assert (info.value.loc.line, info.value.loc.col) == (1, 12)
+    assert char not in str(info.value)  # the rendered line shows it as a visible symbol, under the caret
+
+
+def test_odd_titles_compile_into_packages_python_reads(tmp_path):
+    import ast
+
+    from lamixer.emit.write import write
+
+    title = "a \\ b \\x00 \\N{BULLET} ''' c \u2028 d \u200b é"
+    mixer = lamixer.loads(f'mixer odd "{title}"\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S\n')
+    for path in write([mixer.compiled], tmp_path / "out"):
+        if path.suffix == ".py":
+            ast.parse(path.read_text(), str(path))
+
+
+def test_docstring_text_escapes_what_python_or_a_terminal_would_not_take_as_text():
+    import ast
+
+    from lamixer.emit.source import doc
+
+    for s in ["a\x00b", "\x1b[31mred", 'x"""y', "back\\slash", "line\u2028sep", "tab\there"]:
+        text = doc(s)
+        assert text.isprintable() and "\n" not in text, repr(text)
+        ast.parse(f'"""{text}"""\n')
+
+
+def test_many_reads_of_state_expressions_compile_in_seconds():
+    """Found: 800 reads of an expression of a state (x @ (S + outer(a, b)), 35 KB) took 43 s to load: the read
+    rewriting sorted the whole graph again after each rewrite."""
+    import time
+
+    lines = ["mixer many", "dims K, V", "input q[K], k[K], v[V], u[K]", "state S[K, V]", "S = S + outer(k, v)", "let r0 = 0 * v"]
+    lines += [f"let r{i} = r{i - 1} + (q * {i}) @ (S + outer(u * k, v))" for i in range(1, 801)]
+    text = "\n".join(lines + ["out o = r800"]) + "\n"
+    start = time.perf_counter()
+    mixer = lamixer.loads(text, FILENAME)
+    assert time.perf_counter() - start < 20
+    assert len(mixer.compiled.classification.scan("S").reads) == 800

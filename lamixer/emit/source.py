@@ -75,8 +75,10 @@ def wrap(text: str, width: int = 100) -> str:
 
 
 def doc(s: str) -> str:
-    """Text to place in a docstring or a comment: backslashes and quotes escaped, one line."""
-    return " ".join(str(s).replace("\\", "\\\\").replace('"""', '\\"\\"\\"').splitlines())
+    """Text to place in a docstring or a comment: backslashes and quotes escaped, one line, and every other character
+    Python's source or a reader's terminal could take for more than text (a NUL, an escape) written as its escape."""
+    line = " ".join(str(s).replace("\\", "\\\\").replace('"""', '\\"\\"\\"').splitlines())
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1].replace("\\", "\\\\") for ch in line)
 
 
 def function(fn, key: str) -> str:

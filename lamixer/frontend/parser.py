@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import unicodedata
 from importlib import resources
 
 import lark
@@ -11,12 +12,29 @@ from ..errors import Loc, SpecError
 from . import syntax as S
 
 MAX_SOURCE_CHARS = 100_000
+MAX_WHOLE_DIGITS = 18  # a whole number (a dim size, a kernel size, a rank) fits an int64; Python's int() refuses over 4300 digits
 
 
 @functools.cache
 def _parser() -> lark.Lark:
     grammar = resources.files("lamixer").joinpath("frontend/grammar/lamixer.lark").read_text()
     return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def _whole(token: Token, what: str) -> int:
+    """A whole number token as an int; too many digits is a located error (int() of a huge one raises deep inside lark)."""
+    if len(token.lstrip("0")) > MAX_WHOLE_DIGITS:
+        raise SpecError(f"{what} {token[:12]}... has {len(token)} digits; at most {MAX_WHOLE_DIGITS} are allowed", _loc(token))
+    return int(token)
+
+
+def _check_title(token: Token) -> None:
+    """A title reaches docstrings and READMEs of compiled packages: a control character (a NUL makes a Python file
+    Python refuses to read) is an error at the character."""
+    for i, ch in enumerate(str(token)):
+        if unicodedata.category(ch) == "Cc":
+            raise SpecError(f"control character U+{ord(ch):04X} in the title; a title is plain text on one line",
+                            Loc(token.line or 1, (token.column or 1) + i))  # fmt: skip
 
 
 def _loc(item) -> Loc:
@@ -85,7 +103,7 @@ class _ToAst(Transformer):
         return S.Shape(tuple(str(t) for t in names), tuple(_loc(t) for t in names))
 
     def dim_item(self, meta, c):
-        return S.DimDecl(str(c[0]), int(c[1]) if c[1] is not None else None, _loc(c[0]))
+        return S.DimDecl(str(c[0]), _whole(c[1], "the size") if c[1] is not None else None, _loc(c[0]))
 
     def bound_number(self, meta, c):
         return float(c[0])
@@ -143,7 +161,7 @@ class _ToAst(Transformer):
 
     def count(self, meta, c):
         t = c[0]
-        return S.Count(int(t) if t.type == "INT" else str(t), _loc(t))
+        return S.Count(_whole(t, "the count") if t.type == "INT" else str(t), _loc(t))
 
     def _ident(self, t) -> S.Ident | None:
         return None if t is None else S.Ident(str(t), _loc(t))
@@ -204,6 +222,8 @@ class _ToAst(Transformer):
         return S.LayerSection(tuple(statements), Loc(meta.line, meta.column))
 
     def header(self, meta, c):
+        if c[1] is not None:
+            _check_title(c[1])
         title = str(c[1])[1:-1] if c[1] is not None else ""
         return (str(c[0]), title, _loc(c[0]))
 

@@ -6,8 +6,6 @@ x @ outer(a, b) -> dot(x, a) * b, x @ (f * A) -> (x * f) @ A for f over the cont
 """
 from __future__ import annotations
 
-import networkx as nx
-
 from ..ir import graph as ir
 
 
@@ -16,17 +14,22 @@ def _is_version(g: ir.Graph, n: int) -> bool:
     return d["op"] == "state_in" or "version_of" in d
 
 
-def _touches_state(g: ir.Graph, n: int) -> bool:
+def _state_nodes(g: ir.Graph) -> set[int]:
+    """The nodes that are, or are computed from, a state: one pass in topological order."""
     states = set(g.state_in.values())
-    return n in states or bool(nx.ancestors(g.g, n) & states)
+    touching = set()
+    for n in g.order():
+        if n in states or any(a in touching for a in g.args(n)):
+            touching.add(n)
+    return touching
 
 
-def _rewrite_one(g: ir.Graph, m: int) -> int | None:
+def _rewrite_one(g: ir.Graph, m: int, touching: set[int]) -> int | None:
     """A replacement node for matmul m, or None when no rule applies."""
     x, r = g.args(m)
     loc, dx, dr = g.node(m)["loc"], g.dims_of(x), g.dims_of(r)
     d = g.node(r)
-    if len(dx) != 1 or _is_version(g, r) or (d["op"] != "outer" and not _touches_state(g, r)):
+    if len(dx) != 1 or _is_version(g, r) or (d["op"] != "outer" and r not in touching):
         return None
     op, args = d["op"], d["args"]
     out = g.dims_of(m)
@@ -60,20 +63,34 @@ def _rewrite_one(g: ir.Graph, m: int) -> int | None:
     return None
 
 
+def _replace(g: ir.Graph, old: int, new: int) -> None:
+    for succ in list(g.g.successors(old)):
+        g.replace_args(succ, tuple(new if a == old else a for a in g.args(succ)))
+    if g.output == old:
+        g.output = new
+    g.g.remove_node(old)
+
+
 def distribute_reads(g: ir.Graph) -> None:
-    """Apply the rules until no `@` reads an expression of states (or an outer product)."""
-    changed = True
-    while changed:
-        changed = False
-        for m in g.order():
-            if m in g.g and g.op(m) == "matmul":
-                new = _rewrite_one(g, m)
-                if new is not None:
-                    for succ in list(g.g.successors(m)):
-                        g.replace_args(succ, tuple(new if a == m else a for a in g.args(succ)))
-                    if g.output == m:
-                        g.output = new
-                    g.g.remove_node(m)
-                    changed = True
-                    break
+    """Apply the rules until no `@` reads an expression of states (or an outer product).
+
+    One worklist over the matmuls, in topological order, with each rewrite's new matmuls handled next: the graph is
+    sorted once, not once per rewrite (a spec of 800 such reads took 43 s), and which nodes depend on a state is
+    worked out once and extended as nodes are added."""
+    touching = _state_nodes(g)
+    pending = [n for n in reversed(g.order()) if g.op(n) == "matmul"]  # a stack: the first in order on top
+    while pending:
+        m = pending.pop()
+        if m not in g.g:
+            continue
+        first = g._next
+        new = _rewrite_one(g, m, touching)
+        if new is None:
+            continue
+        added = range(first, g._next)
+        for n in added:  # created after their operands, so one pass in creation order
+            if any(a in touching for a in g.args(n)):
+                touching.add(n)
+        _replace(g, m, new)
+        pending.extend(n for n in reversed(added) if g.op(n) == "matmul")
     g.prune()
