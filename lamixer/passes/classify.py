@@ -14,6 +14,7 @@ import networkx as nx
 
 from ..errors import SpecError
 from ..ir import graph as ir
+from ..ir.bounds import Bounds
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,13 @@ class Classification:
         return next(s for s in self.scans if s.state == state)
 
 
+CONSTANT_LEAVES = ("const", "dim", "head")  # what a value fixed by the spec alone (for each head and dim size) is made of
+
+
 class _StateAnalysis:
-    def __init__(self, g: ir.Graph, name: str):
+    def __init__(self, g: ir.Graph, name: str, bounds: Bounds | None = None):
         self.g, self.name = g, name
+        self.bounds = bounds or Bounds(g)
         self.s_in = g.state_in[name]
         self.dims = g.states[name].dims
         self.consumed: set[int] = set()
@@ -182,17 +187,20 @@ class _StateAnalysis:
         dims = ir.broadcast(g.dims_of(x), g.dims_of(y))
         return g.add("binary", (x, y), dims, loc, fn=fn)
 
-    def log_decay(self, factors: list[int]) -> int | None:
+    def log_decay(self, decays: list[tuple[str, int, int, int]]) -> int | None:
+        """The sum of the logs of the decay steps' factors (None without a decay)."""
         g, logs = self.g, []
-        for f in factors:
+        factors = [f for _, _, f, _ in decays]
+        for _, step, f, _ in decays:
             loc = g.node(f)["loc"]
             if g.is_fn(f, "unary", "exp"):
                 logs.append(g.args(f)[0])
             elif g.is_fn(f, "unary", "sigmoid"):  # log(sigmoid(x)) is -inf where sigmoid underflows (x < -104 in
                 # float32), which the chunked forms turn into NaN; logsigmoid(x) stays finite
                 logs.append(g.add("unary", g.args(f), g.dims_of(f), loc, fn="logsigmoid"))
-            else:
-                logs.append(g.add("unary", (f,), g.dims_of(f), loc, fn="log"))
+            else:  # log(f) is NaN for f < 0 and -inf for 0, where the interpreter, multiplying, gives numbers
+                self.check_factor(f, step)
+                logs.append(g.add("unary", (f,), g.dims_of(f), loc, fn="log", decay_of=self.decay_note(f, step)))
         total = None
         for f, lg in zip(factors, logs, strict=True):  # errors point at the decay factor as written, not at what it is made of
             if len(g.dims_of(lg)) == 2:
@@ -205,6 +213,43 @@ class _StateAnalysis:
                 dims = g.dims_of(total) if len(g.dims_of(total)) >= len(g.dims_of(lg)) else g.dims_of(lg)
                 total = g.add("binary", (total, lg), dims, g.node(lg)["loc"], fn="add")
         return total
+
+    def factor_loc(self, f: int, step: int) -> int:
+        """The node to point at for a decay factor: the factor as written, or the decay step for a declared name (whose
+        node sits at its declaration)."""
+        return step if self.g.op(f) in ("input", "param") else f
+
+    def check_factor(self, f: int, step: int) -> None:
+        """A factor whose log the scans take must be positive: an error when the spec alone shows it is not, that is
+        when its range (from its form and the declared domains) holds no positive value, or when it is a constant of
+        the spec (numbers, dim sizes, the head index) whose range cannot be shown positive. Anything else the data
+        decides, and the backends check (lamixer.runtime.ops.check_decay)."""
+        r = self.bounds(f)
+        if r.positive:
+            return
+        if r.never_positive:
+            raise self.err(f"the decay factor of '{self.name}' is never positive (its values lie in {r.text()}); the scans take "
+                           "its log, so a decay must lie in (0, 1], e.g. exp(-softplus(x)), sigmoid(x) or exp(g) for g <= 0",
+                           self.factor_loc(f, step))  # fmt: skip
+        leaves = {self.g.op(n) for n in nx.ancestors(self.g.g, f) | {f} if not self.g.args(n)}
+        if leaves <= set(CONSTANT_LEAVES):
+            sign = "negative" if r.lo < 0 else "zero"
+            raise self.err(f"the decay factor of '{self.name}' is a constant that can be {sign} (its values lie in {r.text()} "
+                           "over head indices h >= 0 and dim sizes >= 1); the scans take its log, so it must be positive for "
+                           "every head", self.factor_loc(f, step))  # fmt: skip
+
+    def decay_note(self, f: int, step: int) -> tuple[str, str, tuple[str, ...]]:
+        """What a backend's check of the factor's values names: the state, where the decay is written, and the call's
+        arguments it is made of."""
+        g = self.g
+        loc = g.node(self.factor_loc(f, step))["loc"]
+        lines = g.source.split("\n")
+        text = lines[loc.line - 1].strip() if 1 <= loc.line <= len(lines) else ""
+        where = f"{g.filename}:{loc.line}:{loc.col}" + (f": `{text}`" if text else "")
+        nodes = nx.ancestors(g.g, f) | {f}
+        used = {g.node(n)["name"] for n in nodes if g.op(n) in ("input", "param")}
+        names = [op.name for op in g.operands if op.name in used] + (["scale"] if any(g.op(n) == "scale" for n in nodes) else [])
+        return self.name, where, tuple(names)
 
     def decay_kind(self, log: int | None) -> str:
         g = self.g
@@ -247,7 +292,7 @@ class _StateAnalysis:
         if kind == "write-":
             zero = g.add("const", (), (), g.node(w)["loc"], value=0.0)
             w = g.add("binary", (zero, w), g.dims_of(w), g.node(w)["loc"], fn="sub")
-        log = self.log_decay([s[2] for s in steps[:widx]])
+        log = self.log_decay(steps[:widx])
         decay = self.decay_kind(log)
         if len(self.dims) == 1:
             if self.depends(w):
@@ -284,7 +329,8 @@ class _StateAnalysis:
 
 
 def classify(g: ir.Graph) -> Classification:
-    analyses = {name: _StateAnalysis(g, name) for name in g.states}
+    bounds = Bounds(g)
+    analyses = {name: _StateAnalysis(g, name, bounds) for name in g.states}
     scans = {name: a.run() for name, a in analyses.items()}
     read_of = {r.node: s.state for s in scans.values() for r in s.reads}
     # a read folded into a delta-rule write (c @ S) is not computed on its own, so nothing else may use it:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .errors import ArgumentError
+
 UNARY = {
     "exp": torch.exp,
     "log": torch.log,
@@ -79,10 +81,28 @@ def contract(x: torch.Tensor, dx: tuple[str, ...], y: torch.Tensor, dy: tuple[st
     return prod.sum(prod.dim() - len(union) + union.index(dx[-1]))
 
 
+def check_decay(f: torch.Tensor, note: tuple[str, str, tuple[str, ...]]) -> None:
+    """A decay factor whose log a scan takes must be positive (its log is NaN below 0 and -inf at 0, which the chunked
+    forms turn into NaN): an ArgumentError naming what it is made of, on the CPU. On a GPU, and while torch.compile
+    traces, a device-side assertion instead, which needs no host sync. note: (the state, where the spec writes the
+    decay, the call's arguments it reads), as classification records it (the log node's `decay_of`)."""
+    state, where, arguments = note
+    message = (f"the decay factor of state '{state}' ({where}) is <= 0 at some token; the scans take its log, so it must be "
+               "positive")  # fmt: skip
+    bad = (f.detach() <= 0).any()  # NaN is no sign: a NaN input gives NaN outputs, as it does without a decay
+    if f.device.type != "cpu" or torch.compiler.is_compiling():
+        torch._assert_async(~bad, message)
+    elif bad:
+        raise ArgumentError(", ".join(arguments) or state, message)
+
+
 def apply(node: dict, args: list[torch.Tensor], arg_dims: list[tuple[str, ...]]) -> torch.Tensor:
-    """Evaluate one pointwise IR node (anything but leaves, stats, scans and block attention)."""
+    """Evaluate one pointwise IR node (anything but leaves, stats, scans and block attention); a decay factor's log is
+    checked first (check_decay)."""
     op, dims = node["op"], node["dims"]
     if op == "unary":
+        if "decay_of" in node:
+            check_decay(args[0], node["decay_of"])
         return UNARY[node["fn"]](args[0])
     if op == "binary":
         a, b = (align(x, d, dims) for x, d in zip(args, arg_dims))
