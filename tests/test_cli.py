@@ -1,15 +1,40 @@
-"""The command line, through click's runner."""
+"""The command line, through click's runner (a real process where one matters: imports, the environment)."""
 import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import click
+import pytest
+import torch
 from click.testing import CliRunner
 
 import lamixer
+from lamixer.tools import cli
 from lamixer.tools.cli import main
 
+REPO = Path(__file__).parent.parent
+WIDE = {"COLUMNS": "200"}  # rich wraps tables at 80 columns where output is not a terminal
 
-def run(*args):
-    result = CliRunner().invoke(main, list(args))
+
+def run(*args, env=None):
+    result = CliRunner(env={**WIDE, **(env or {})}).invoke(main, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info  # no traceback, ever
     return result.exit_code, result.output
+
+
+def run_process(*args, env=None, drop=()):
+    """lamixer ARGS as its own process (python -m, so it runs this checkout): (exit status, stdout, stderr)."""
+    environ = {k: v for k, v in os.environ.items() if k not in drop} | WIDE | (env or {})
+    p = subprocess.run([sys.executable, "-m", "lamixer.tools.cli", *args], capture_output=True, text=True, env=environ, cwd=REPO, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def commands():
+    return sorted(main.commands)
 
 
 def test_list_shows_every_shipped_spec_with_its_classification():
@@ -38,6 +63,7 @@ def test_check_passes_on_a_shipped_spec():
     code, out = run("check", "simple_gla")
     assert code == 0, out
     assert "ok" in out and "MISMATCH" not in out and "inference T=37" in out  # the recurrent kernel too
+    assert "13 checks: 13 ok, 0 failed, 0 skipped" in out  # torch 5, triton 5 + 3 inference
 
 
 def test_check_reports_a_located_error_for_a_broken_spec(tmp_path):
@@ -127,3 +153,184 @@ def test_bench_saves_its_rows_as_it_goes(monkeypatch):
     ops = ["lamixer gla", "lamixer deltanet", "sdpa causal"] * 2
     assert [row["op"] for row in res["rows"]] == ops and saved == [ops[:i] for i in range(1, 7)]
     assert [row["T"] for row in res["rows"]] == [16, 16, 16, 32, 32, 32]
+
+
+# conventions: -h, choices, lowercase documented options, exit statuses
+
+
+@pytest.mark.parametrize("command", [None, *sorted(main.commands)])
+def test_every_command_answers_dash_h(command):
+    code, out = run(*([command] if command else []), "-h")
+    assert code == 0 and out.startswith("Usage: ") and "-h, --help" in out
+
+
+def test_every_option_is_lowercase_and_documented():
+    for name, command in main.commands.items():
+        for p in command.params:
+            if isinstance(p, click.Option):
+                assert all(o == o.lower() for o in p.opts + p.secondary_opts), (name, p.opts)
+                assert p.help, (name, p.opts)
+
+
+def test_options_with_fixed_values_are_choices():
+    choices = {(c, p.name): p.type.choices for c, cmd in main.commands.items() for p in cmd.params if isinstance(p.type, click.Choice)}
+    assert set(choices[("check", "backends")]) == {"torch", "triton"} and set(choices[("check", "device")]) == {"cpu", "cuda"}
+    assert set(choices[("bench", "vs")]) == {"fla", "sdpa"} and set(choices[("autotune", "dtype")]) == {"bf16", "fp16", "fp32"}
+
+
+def test_a_mistyped_backend_is_a_usage_error_naming_the_choices():
+    code, out = run("check", "--backend", "trition", "gla")
+    assert code == 2 and "'trition' is not one of 'torch', 'triton'" in out
+
+
+@pytest.mark.parametrize("args", [["--T", "0"], ["-t", "-5"], ["--length", "0"], ["--B", "0"], ["--batch", "-1"], ["--H", "0"], ["--heads", "0"],
+                                  ["--size", "0"], ["--limit", "0"]])  # fmt: skip
+def test_autotune_sizes_must_be_positive(args):
+    code, out = run("autotune", "gla", *args)
+    assert code == 2 and "x>=1" in out
+
+
+def test_autotune_understands_its_old_spellings():
+    ctx = cli.autotune.make_context("autotune", ["gla", "--B", "2", "--T", "64", "--H", "3"])
+    assert (ctx.params["batch"], ctx.params["length"], ctx.params["heads"]) == (2, 64, 3)
+    ctx = cli.bench.make_context("bench", ["gla", "--Ts", "64,128", "--vs", "sdpa"])
+    assert ctx.params["lengths"] == (64, 128) and ctx.params["vs"] == ("sdpa",)
+
+
+@pytest.mark.parametrize("args", [["--lengths", "0"], ["--Ts", "64,x"], ["--vs", "fla,flash"]])
+def test_bench_lists_are_checked(args):
+    code, out = run("bench", "gla", *args)
+    assert code == 2 and "Invalid value" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_check_device_without_cuda_or_unknown_is_a_usage_error():
+    code, out = run("check", "--device", "cuda", "gla")
+    assert code == 2 and "no CUDA device" in out
+    code, out = run("check", "--device", "nonsense", "gla")
+    assert code == 2 and "'nonsense' is not one of 'cpu', 'cuda'" in out
+
+
+def test_a_failed_check_exits_with_1(monkeypatch):
+    monkeypatch.setattr(cli, "CHECK_TOLERANCE", -1.0)  # every error is above it
+    code, out = run("check", "--quick", "--backend", "torch", "linear_attn")
+    assert code == 1 and "1 check: 0 ok, 1 failed, 0 skipped" in out and "MISMATCH" in out and "Error: 1 check failed" in out
+
+
+def test_check_counts_what_it_could_not_check_and_fails(tmp_path):
+    two_reads = tmp_path / "two_reads.lam"  # no chunk template covers two reads of one state; the recurrent kernel does
+    two_reads.write_text("mixer two_reads\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S + k @ S\n")
+    code, out = run("check", "--quick", "--backend", "triton", str(two_reads))
+    assert code == 1 and "2 checks: 1 ok, 0 failed, 1 skipped" in out and "chunk kernels not available" in out
+
+
+def test_check_where_triton_cannot_run_exits_non_zero():
+    """No GPU and no TRITON_INTERPRET: every Triton row is skipped, and that is no success. A process of its own: whether
+    Triton interprets is fixed when its kernels are first defined."""
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    code, out, err = run_process("check", "--quick", "--backend", "triton", "gla", drop=("TRITON_INTERPRET",))
+    assert code == 1 and "2 checks: 0 ok, 0 failed, 2 skipped" in out, out + err
+    assert "Traceback" not in err and "Error: 2 checks skipped" in err
+
+
+# paths and files that cannot be used: one line, no traceback
+
+
+def test_new_from_a_binary_file_is_a_clean_error(tmp_path):
+    binary = tmp_path / "blob.lam"
+    binary.write_bytes(bytes(range(256)))
+    code, out = run("new", "x", "--from", str(binary), "-o", str(tmp_path / "x.lam"))
+    assert code == 2 and "cannot read" in out and not (tmp_path / "x.lam").exists()
+
+
+def test_new_from_a_spec_whose_header_has_a_tab(tmp_path):
+    tabbed = tmp_path / "tabbed.lam"
+    tabbed.write_text(lamixer.api.shipped_source("gla").replace("mixer gla", "mixer\tgla", 1))
+    code, out = run("new", "mine", "--from", str(tabbed), "-o", str(tmp_path / "mine.lam"))
+    assert code == 0, out
+    assert lamixer.load(str(tmp_path / "mine.lam")).name == "mine"
+
+
+def test_new_into_a_missing_folder_is_a_clean_error(tmp_path):
+    code, out = run("new", "x", "--from", "gla", "-o", str(tmp_path / "missing" / "x.lam"))
+    assert code == 1 and "cannot write" in out and "No such file or directory" in out
+
+
+def test_explain_graph_into_a_missing_folder_is_a_clean_error(tmp_path):
+    code, out = run("explain", "gla", "--graph", str(tmp_path / "missing" / "g.json"))
+    assert code == 1 and "cannot write" in out
+    code, out = run("explain", "gla", "--graph", str(tmp_path / "g.txt"))
+    assert code == 2 and ".json" in out
+
+
+def test_compile_where_it_cannot_write_is_a_clean_error(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("a file, not a folder")
+    code, out = run("compile", "gla", "-o", str(tmp_path / "file" / "out"))
+    assert code == 1 and "Error: " in out and str(tmp_path / "file") in out
+
+    def refused(specs, out_dir, force=False):  # a read-only folder (root, who runs the tests here, may write anywhere)
+        raise PermissionError(13, "Permission denied", str(out_dir))
+
+    monkeypatch.setattr("lamixer.emit.write.write", refused)
+    code, out = run("compile", "gla", "-o", str(tmp_path / "ro"))
+    assert code == 1 and "Permission denied" in out
+
+
+def test_compile_replaces_what_it_did_not_write_only_with_force(tmp_path):
+    (tmp_path / "gla").mkdir()
+    (tmp_path / "gla" / "notes.txt").write_text("mine")
+    code, out = run("compile", "gla", "-o", str(tmp_path))
+    assert code == 1 and "--force" in out and (tmp_path / "gla" / "notes.txt").exists()
+    code, out = run("compile", "gla", "-o", str(tmp_path), "--force")
+    assert code == 0, out
+    assert not (tmp_path / "gla" / "notes.txt").exists() and (tmp_path / "gla" / "mixer.py").is_file()
+
+
+# what a user sees: terminal width, start-up time, the Makefile
+
+
+def test_tables_fit_the_width_columns_gives(tmp_path):
+    code, out = run("list", env={"COLUMNS": "70"})
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= 70
+
+
+HELP_WITHOUT_TORCH = """
+import sys, time
+start = time.perf_counter()
+from lamixer.tools.cli import main
+for args in (["--help"], *([c, "-h"] for c in sorted(main.commands)), ["check", "--backend", "trition", "gla"]):
+    try:
+        main(args)
+    except SystemExit:
+        pass
+print("SECONDS", time.perf_counter() - start, file=sys.stderr)
+print("TORCH", "torch" in sys.modules, file=sys.stderr)
+"""
+
+
+def test_help_and_usage_errors_do_not_import_torch():
+    p = subprocess.run([sys.executable, "-c", HELP_WITHOUT_TORCH], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert "TORCH False" in p.stderr, p.stderr
+    start = time.perf_counter()
+    code, out, err = run_process("--help")
+    assert code == 0 and "Commands:" in out and time.perf_counter() - start < 3  # torch alone takes about 1.5 s to import
+
+
+def test_import_lamixer_is_lazy_and_keeps_its_names():
+    p = subprocess.run([sys.executable, "-c", "import sys, lamixer; print('torch' in sys.modules); lamixer.Layer, lamixer.load; print('torch' in sys.modules)"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+    assert p.stdout.split() == ["False", "True"], p.stderr
+    assert set(lamixer.__all__) <= set(dir(lamixer)) and lamixer.shipped_specs is lamixer.api.shipped_specs
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_demo_installs_no_dev_extras(tmp_path):
+    def dry(target):
+        venv = tmp_path / target  # a venv that is not there: make lists every step
+        return subprocess.run(["make", "-n", target, f"VENV={venv}"], capture_output=True, text=True, cwd=REPO, check=True).stdout
+
+    demo, test = dry("demo"), dry("test")
+    assert "pip install" in demo and "[dev]" not in demo and "lamixer check --all --quick" in demo
+    assert '".[dev]"' in test
+    assert 'PINS := torch==2.13.0 "triton==3.6.*" "numpy<2.4"' in (REPO / "Makefile").read_text()
