@@ -77,7 +77,7 @@ class _Program:
 def program(compiled: Compiled, direct: dict[int, Form] | None = None) -> _Program:
     """The spec's evaluation program for these direct operands (made once, kept with the compiled spec)."""
     direct = direct or {}
-    key = ("program", tuple(sorted(direct.items())))
+    key = ("program", tuple((n, direct[n]) for n in sorted(direct)))  # sorted by node alone: torch.compile sorts ints, not tuples
     found = compiled.cache.get(key)
     return found if found is not None else remember(compiled.cache, key, _Program(compiled, direct))
 
