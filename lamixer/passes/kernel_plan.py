@@ -12,6 +12,7 @@ nothing downstream derives these again from tensor shapes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..ir import graph as ir
 from ..kernels import additive, delta, recurrent
@@ -34,10 +35,10 @@ class Decay:
         return {"kind": self.kind, "axis": self.axis, "constant": self.constant}
 
 
-@dataclass(frozen=True)
-class Form:
+class Form(NamedTuple):
     """A scan operand the kernels read straight from the caller's input tensor and finish themselves:
-    (-1 if negate) * factor_h * token_t * (l2norm(input) if norm else input)."""
+    (-1 if negate) * factor_h * token_t * (l2norm(input) if norm else input). A NamedTuple: torch.compile traces
+    calls whose cached evaluation programs are keyed by these."""
 
     input: str
     factor: int | None = None  # the node of a per-head constant, e.g. the read-out scale
