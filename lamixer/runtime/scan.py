@@ -17,6 +17,7 @@ the functions here are the ones that see their boundaries.
 from __future__ import annotations
 
 import contextvars
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -67,11 +68,26 @@ def _decay_weights(seg: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return _decay_exp(torch.where(mask, seg, torch.full_like(seg, float("-inf"))))
 
 
-def _pair(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """sum_k x_ik a_jk w_ijk over [.., C, C]; w has one column (scalar decay) or K."""
+def _pair(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum_k x_ik a_jk w_ijk over [.., C, C] where mask (over [i, j]) holds, else 0; w has one column (scalar decay) or
+    K. Selected, not multiplied by a zero weight: a later token's NaN or inf key would make 0 * inf = NaN of it."""
     if w.shape[-1] == 1:
-        return (x @ a.transpose(-1, -2)) * w.squeeze(-1)
-    return torch.einsum("...ik,...jk,...ijk->...ij", x, a, w)
+        pairs = (x @ a.transpose(-1, -2)) * w.squeeze(-1)
+    else:
+        pairs = torch.einsum("...ik,...jk,...ijk->...ij", x, a, w)
+    return torch.where(mask, pairs, 0.0)
+
+
+def _causal(contract, U: torch.Tensor, strict: bool) -> torch.Tensor:
+    """contract(U) for a contraction over a chunk's tokens j of weights that are 0 for j > i (j >= i when strict), made
+    causal for non-finite values: a matrix product would multiply a later token's inf or NaN by its zero weight and
+    give earlier outputs NaN. So the contraction sees the finite values only, and an output (per value column) at or
+    after a non-finite one is NaN, as the token by token recurrence makes it. Finite inputs: the same values and
+    gradients."""
+    out = contract(torch.nan_to_num(U, 0.0, 0.0, 0.0))
+    bad = (~torch.isfinite(U)).to(U.dtype)
+    seen = bad.cumsum(-2)  # how many non-finite values at tokens <= i (exact: a chunk is far below 2^24)
+    return torch.where((seen - bad if strict else seen) > 0, float("nan"), out)
 
 
 def chunk_scan(a, b, c, gk, gv, reads, h0, C):
@@ -96,8 +112,8 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
     to_end = _decay_exp(_suffix(g))  # decay from a write at j to the chunk's end
     read_parts = []
     for q, dec, wr in qs:
-        w = _decay_weights(seg if dec else seg_x, incl if wr else strict)
-        read_parts.append((q, _decay_exp(Bc if dec else Bx), w))
+        mask = incl if wr else strict
+        read_parts.append((q, _decay_exp(Bc if dec else Bx), _decay_weights(seg if dec else seg_x, mask), mask, not wr))
     decay_all = _decay_exp(last)  # [B, H, N, 1, D]
     if gv is None:
         a_end = a * to_end
@@ -110,7 +126,7 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
                 S = torch.addcmul(delta_S[:, :, n], decay_all[:, :, n].transpose(-1, -2), S)
         else:
             c = _pad_chunks(c, C)
-            L = torch.eye(C, dtype=dt, device=dev) - _pair(c, a, _decay_weights(seg, strict))
+            L = torch.eye(C, dtype=dt, device=dev) - _pair(c, a, _decay_weights(seg, strict), strict)
             rhs = torch.cat([b, c * _decay_exp(Bc)], -1)
             sol = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
             U0, W = sol[..., : b.shape[-1]], sol[..., b.shape[-1] :]  # U = U0 + W S_0
@@ -121,7 +137,7 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
                 S = decay_all[:, :, n].transpose(-1, -2) * S + a_end[:, :, n].transpose(-1, -2) @ Us[-1]
             U = torch.stack(Us, 2)
         S0 = torch.stack(starts, 2)  # the state entering each chunk: [B, H, N, K, V]
-        outs = [(q * eq) @ S0 + _pair(q, a, w) @ U for q, eq, w in read_parts]
+        outs = [(q * eq) @ S0 + _causal(_pair(q, a, w, mask).matmul, U, before) for q, eq, w, mask, before in read_parts]
     else:
         delta_S = a.transpose(-1, -2) @ (b * to_end)
         S, starts = h0, []
@@ -129,7 +145,8 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
             starts.append(S)
             S = torch.addcmul(delta_S[:, :, n], decay_all[:, :, n], S)
         S0 = torch.stack(starts, 2)
-        outs = [(q @ S0) * eq + torch.einsum("...ij,...ijv,...jv->...iv", q @ a.transpose(-1, -2), w, b) for q, eq, w in read_parts]
+        outs = [(q @ S0) * eq + _causal(functools.partial(torch.einsum, "...ij,...ijv,...jv->...iv", torch.where(mask, q @ a.transpose(-1, -2), 0.0), w),
+                                        b, before) for q, eq, w, mask, before in read_parts]  # fmt: skip
     return [o.flatten(2, 3)[:, :, :T] for o in outs], S
 
 
@@ -147,7 +164,14 @@ def _block_attention(q, k, v, size: int, scale: float) -> torch.Tensor:
         x = F.pad(x, (0, 0, 0, 0, 0, nb * size - T)) if nb * size != T else x
         return x.reshape(B * nb, size, H, x.shape[-1]).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(blocks(q), blocks(k), blocks(v), is_causal=True, scale=scale)  # [B * nb, H, size, Dv]
+    # a later token's NaN or inf key or value would reach earlier rows through their masked scores (0 * inf): the
+    # attention sees finite keys and values only, and a row at or after a non-finite one is NaN, as it is token by token
+    k, v = blocks(k), blocks(v)
+    bad_k, bad_v = ~torch.isfinite(k).all(-1, keepdim=True), ~torch.isfinite(v)
+    k, v = torch.where(bad_k, 0.0, k), torch.where(bad_v, 0.0, v)
+    out = F.scaled_dot_product_attention(blocks(q), k, v, is_causal=True, scale=scale)  # [B * nb, H, size, Dv]
+    seen = (bad_k | bad_v).to(torch.float32).cumsum(-2) > 0
+    out = torch.where(seen, float("nan"), out)
     return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
 
 
