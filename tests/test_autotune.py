@@ -61,7 +61,7 @@ def test_autotune_interpret_leaves_the_gpu_cache_alone(private_cache):
 
     from lamixer.tools.cli import main
 
-    args = ["autotune", "simple_gla", "--interpret", "--B", "1", "--T", "24", "--H", "2", "--size", "16", "--dtype", "fp32", "--limit", "2"]
+    args = ["autotune", "simple_gla", "--interpret", "--batch", "1", "--length", "24", "--heads", "2", "--size", "16", "--dtype", "fp32", "--limit", "2"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert not (private_cache / "autotune.json").exists()
