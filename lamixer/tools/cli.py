@@ -217,7 +217,7 @@ NOTHING = ("-", "-", "-", "-")
 @click.option("--seed", default=0, show_default=True, help="Seed of the random inputs and cotangents.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Where the random inputs live (default: cuda when visible and not under TRITON_INTERPRET, else cpu).")  # fmt: skip
-@click.option("--quick", is_flag=True, help="One training case (packed sequences) and one inference case per spec and backend, instead of all eight.")
+@click.option("--quick", is_flag=True, help="One case with gradients (packed sequences) per spec and backend, and one without on triton, instead of 5 and 3.")
 def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], seed: int, device: str | None, quick: bool) -> None:
     """Run backends against the interpreter on random float64 inputs: outputs, final states, all gradients.
 
@@ -226,7 +226,7 @@ def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], se
 
     device = _device(device)
     mixers = [_load(n) for n in _spec_names(specs, all_specs)]
-    backends = backends or (("torch", "triton") if _triton_runs_here() else ("torch",))
+    backends = tuple(dict.fromkeys(backends)) or (("torch", "triton") if _triton_runs_here() else ("torch",))  # each once
     cases, inference = (QUICK_CASES, QUICK_INFERENCE_CASES) if quick else (CASES, INFERENCE_CASES)
     table = _table(f"relative RMS error against the interpreter (float64; fail above {CHECK_TOLERANCE:g})",
                    ("spec", "backend", "case", "output", "final states", "gradients", "worst grad", "verdict"))  # fmt: skip
