@@ -1,6 +1,7 @@
 """The public Python API: load a spec, call the mixer."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from importlib import resources
 from pathlib import Path
@@ -11,7 +12,7 @@ from .backends.binding import BACKENDS, Call, bind, remember
 from .errors import ArgumentError
 from .kernels.recurrent import MAX_T
 from .passes.pipeline import Compiled, compile_spec
-from .runtime.call import check_flags, pick_backend, results
+from .runtime.call import check_flags, pick_backend, results, warn
 
 SPEC_SUFFIX = ".lam"
 
@@ -75,7 +76,10 @@ class Mixer:
             missing = [] if triton_backend.serves(self.compiled, call) else triton_backend.unsupported(self.compiled, call.sizes)
             if backend == "triton":
                 missing += triton_backend.launch_problems(call.device)
-            backend = pick_backend(self.name, backend, call, missing)
+            chosen = pick_backend(self.name, backend, call, missing)
+            if backend == "auto" and chosen == "torch" and call.device.type == "cuda":
+                _warn_fallback(self.compiled, missing)
+            backend = chosen
         if backend == "interpret":
             from .backends import interpret as impl
         elif backend == "triton":
@@ -85,9 +89,28 @@ class Mixer:
         return impl
 
 
+_FELL_BACK: set[tuple[str, str]] = set()  # (spec name, source hash) of the specs whose fallback has been reported
+
+
+def _warn_fallback(compiled: Compiled, missing: list[str]) -> None:
+    """Say once per spec why backend="auto" runs a CUDA call on the torch backend: it is several times slower than
+    the kernels, and nothing else would tell."""
+    key = (compiled.name, compiled.source_hash)
+    if key in _FELL_BACK:
+        return
+    _FELL_BACK.add(key)
+    warn(f"{compiled.name} runs on the torch backend (chunkwise PyTorch), not on Triton kernels: {'; '.join(missing)}. "
+         'backend="torch" says so and silences this')
+
+
 @functools.lru_cache(maxsize=256)
 def _compile_cached(source: str, filename: str) -> Compiled:
-    return compile_spec(source, filename)
+    compiled = compile_spec(source, filename)
+    # the inputs' declared domains, which calls check (lamixer.runtime.call.check_domains)
+    domains = {op.name: op.domain for op in compiled.graph.operands}
+    operands = tuple(dataclasses.replace(op, domain=domains[op.name]) for op in compiled.signature.operands)
+    compiled.signature = dataclasses.replace(compiled.signature, operands=operands)
+    return compiled
 
 
 def loads(source: str, filename: str = "<spec>") -> Mixer:

@@ -222,6 +222,16 @@ def output_gate(o: torch.Tensor, gate: nn.Module, x: torch.Tensor, activation) -
     return o * activation(gate(x)).reshape(o.shape)
 
 
+def _no_other_arguments(method: str, names: tuple[str, ...], extra: tuple, unknown: dict) -> None:
+    """An ArgumentError, not Python's TypeError, for an argument a layer's method does not take."""
+    if unknown:
+        name = next(iter(unknown))
+        raise ArgumentError(name, f"a layer's {method}() has no argument '{name}' (it takes {', '.join(names)})")
+    if extra:
+        raise ArgumentError(f"#{len(names) + len(extra)}", f"a layer's {method}() takes at most {len(names)} arguments ({', '.join(names)}), "
+                                                           f"got {len(names) + len(extra)}")  # fmt: skip
+
+
 class LayerBase(nn.Module):
     """What every layer does around its spec's steps: argument and state checks, the carried state, decoding.
 
@@ -248,6 +258,11 @@ class LayerBase(nn.Module):
             raise ArgumentError(name, f"must be a floating-point tensor {layout}")
         if x.dim() != rank or x.shape[-1] != self.hidden_size or 0 in x.shape:
             raise ArgumentError(name, f"must have shape {layout} with hidden = {self.hidden_size}, got {list(x.shape)}")
+        weight = next(getattr(self, "proj", self).parameters(), None)  # what x meets first (a model may keep its gates' params in float32)
+        if weight is not None and x.device != weight.device:
+            raise ArgumentError(name, f"is on {x.device}, but the layer is on {weight.device}")
+        if weight is not None and x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+            raise ArgumentError(name, f"is {x.dtype}, but the layer's parameters are {weight.dtype}: convert one (or run under torch.autocast)")
 
     def _check_state(self, state, N: int) -> None:
         if not isinstance(state, LayerState):
@@ -278,8 +293,10 @@ class LayerBase(nn.Module):
             conv[SHIFT] = torch.zeros(batch, self.hidden_size, 1, device=device, dtype=dtype)
         return LayerState(self.spec_key, batch, mixer, conv, torch.zeros(batch, dtype=torch.int64, device=device))
 
-    def forward(self, x: torch.Tensor, state: LayerState | None = None, cu_seqlens: torch.Tensor | None = None, return_state: bool = False):
+    def forward(self, x: torch.Tensor | None = None, state: LayerState | None = None, cu_seqlens: torch.Tensor | None = None, return_state: bool = False,
+                *extra, **unknown):  # fmt: skip
         """y = layer(x); y, state = layer(x, state, return_state=True). x is [B, T, hidden]; packed sequences: B = 1 and cu_seqlens."""
+        _no_other_arguments("forward", ("x", "state", "cu_seqlens", "return_state"), extra, unknown)
         self._check_x(x, "x", 3)
         if not isinstance(return_state, bool):
             raise ArgumentError("return_state", f"must be True or False, got {return_state!r}")
@@ -301,8 +318,9 @@ class LayerBase(nn.Module):
         finals = finals if isinstance(finals, tuple) else (finals,)
         return y, LayerState(self.spec_key, N, finals, caches, offset + T if cu is None else offset + (cu[1:] - cu[:-1]))
 
-    def step(self, x_t: torch.Tensor, state: LayerState | None = None) -> tuple[torch.Tensor, LayerState]:
+    def step(self, x_t: torch.Tensor | None = None, state: LayerState | None = None, *extra, **unknown) -> tuple[torch.Tensor, LayerState]:
         """Decode one token per sequence: x_t [B, hidden] -> (y_t [B, hidden], the next state)."""
+        _no_other_arguments("step", ("x_t", "state"), extra, unknown)
         self._check_x(x_t, "x_t", 2)
         y, state = self.forward(x_t[:, None], state, return_state=True)
         return y[:, 0], state
