@@ -157,3 +157,11 @@ def test_a_layer_call_with_an_unknown_keyword_names_it():
     _argument_error("#5", lambda: layer(x, None, None, False, 1))
     _argument_error("x", lambda: layer())
     _argument_error("position", lambda: layer.step(x[:, 0], position=3))
+
+
+def test_a_layer_input_of_another_dtype_than_the_layer_is_named():
+    """Found by fuzzing: a bf16 x into a float32 layer raised torch's RuntimeError from inside a projection."""
+    layer = lamixer.Layer("gla", 16, 2, gate_rank=4)
+    assert "torch.float32" in _argument_error("x", lambda: layer(torch.randn(2, 5, 16, dtype=torch.bfloat16)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        layer(torch.randn(2, 5, 16, dtype=torch.bfloat16))

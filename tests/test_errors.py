@@ -100,8 +100,10 @@ def test_loads_non_string():
 
 
 def test_loads_too_long():
-    with pytest.raises(lamixer.SpecError, match="longer than"):
+    """Located where the limit is passed (found by fuzzing: the one spec error without a location)."""
+    with pytest.raises(lamixer.SpecError, match="longer than") as info:
         lamixer.loads("mixer x\n" + "#" * 200_000, "long.lam")
+    assert str(info.value).startswith("long.lam:2:99993: ")
 
 
 SMALL_MISTAKES = [

@@ -273,8 +273,10 @@ def parse(source: str, filename: str = "<spec>") -> S.Spec:
     """Parse spec text; any mistake raises a SpecError located in the text."""
     if not isinstance(source, str):
         raise SpecError(f"spec text must be a string, not {type(source).__name__}", None, "", filename)
-    if len(source) > MAX_SOURCE_CHARS:
-        raise SpecError(f"spec is longer than {MAX_SOURCE_CHARS} characters", None, "", filename)
+    if len(source) > MAX_SOURCE_CHARS:  # located where the limit is passed
+        line = source.count("\n", 0, MAX_SOURCE_CHARS) + 1
+        col = MAX_SOURCE_CHARS - (source.rfind("\n", 0, MAX_SOURCE_CHARS) + 1) + 1
+        raise SpecError(f"spec is longer than {MAX_SOURCE_CHARS} characters", Loc(line, col), source, filename)
     text = source if source.endswith("\n") else source + "\n"
     tree = None
     try:
