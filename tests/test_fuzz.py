@@ -407,7 +407,7 @@ SPOIL_VALUES = [None, 1.0, "q", [1.0], True, torch.tensor(2.0), torch.zeros(0), 
 
 def _spoil_tensor(draw, x: torch.Tensor):
     """A tensor argument made wrong: its dtype, its shape, its values, or not a tensor at all."""
-    if not isinstance(x, torch.Tensor) or x.numel() == 0:  # spoilt already
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.numel() == 0:  # spoilt already
         return x
     how = draw(st.sampled_from(["dtype", "shape", "values", "values", "object", "transpose", "empty"]))
     if how == "dtype":
