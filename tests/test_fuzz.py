@@ -325,7 +325,7 @@ class _Typed:
         if len(dims) == 2:
             options.append(f"exp(-softplus({self.vec(dims[1], 1)}))")
         if self.unsigned:  # (only then: tests/test_triton_backend.py draws the same mixers as before these)
-            if self.rnd.random() < 0.15:
+            if self.rnd.random() > 0.85:  # (hypothesis's randoms lean to 0: a test of < 0.15 held for most mixers)
                 return self.rnd.choice(UNSIGNED_DECAYS)
             options.append(self.rnd.choice(POSITIVE_DECAYS))
         return self.rnd.choice(options)
@@ -407,7 +407,7 @@ SPOIL_VALUES = [None, 1.0, "q", [1.0], True, torch.tensor(2.0), torch.zeros(0), 
 
 def _spoil_tensor(draw, x: torch.Tensor):
     """A tensor argument made wrong: its dtype, its shape, its values, or not a tensor at all."""
-    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.numel() == 0:  # spoilt already
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.numel() == 0 or not x.is_floating_point():  # spoilt already
         return x
     how = draw(st.sampled_from(["dtype", "shape", "values", "values", "object", "transpose", "empty"]))
     if how == "dtype":
