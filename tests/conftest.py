@@ -49,3 +49,16 @@ def poisoned_kernel_outputs():
     yield
     for module in (additive, delta, recurrent):
         module.torch = torch
+
+
+@pytest.fixture
+def tuning_cache(tmp_path, monkeypatch):
+    """A private cache folder (LAMIXER_CACHE), the tuning cache read afresh and no configuration remembered."""
+    from lamixer.tuning import choose, config_cache
+
+    monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
+    config_cache._memo.clear()
+    choose.forget()
+    yield tmp_path
+    config_cache._memo.clear()
+    choose.forget()

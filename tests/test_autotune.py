@@ -14,13 +14,8 @@ from lamixer.tuning import config_cache as at
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
-    at._memo.clear()
-    choose.forget()
-    yield tmp_path
-    at._memo.clear()
-    choose.forget()
+def private_cache(tuning_cache):
+    return tuning_cache
 
 
 def group_config(name_or_mixer, B, T, H, K, V, dtype=torch.float32):

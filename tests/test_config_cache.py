@@ -17,16 +17,6 @@ from lamixer.tuning import choose
 from lamixer.tuning import config_cache as at
 
 
-@pytest.fixture
-def tuning_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LAMIXER_CACHE", str(tmp_path))
-    at._memo.clear()
-    choose.forget()
-    yield tmp_path
-    at._memo.clear()
-    choose.forget()
-
-
 def write_entries(entries: dict) -> None:
     """The tuning cache file holding exactly these entries (key -> configuration list)."""
     path = at.cache_file()

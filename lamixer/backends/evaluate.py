@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..ir.graph import CALL_CONSTANTS, VALUE_LEAVES
 from ..passes.classify import Scan
 from ..passes.kernel_plan import Form
 from ..passes.pipeline import Compiled
@@ -18,8 +19,6 @@ from .binding import Call, remember
 __all__ = ["ScanOperands", "run", "torch_scan"]
 
 
-LEAVES = ("input", "param", "const", "dim", "head", "scale")
-CONSTANT_LEAVES = ("const", "dim", "head", "scale")  # values fixed by the call's sizes and scale
 
 
 class _Program:
@@ -35,7 +34,7 @@ class _Program:
         self.constant: list[int] = []  # in evaluation order
         for n in plan.order:
             d = nodes[n]
-            if d["op"] in CONSTANT_LEAVES or (d["op"] in ("unary", "binary") and n not in plan.read_scan
+            if d["op"] in CALL_CONSTANTS or (d["op"] in ("unary", "binary") and n not in plan.read_scan
                                                and all(a in self.constant for a in d["args"])):  # fmt: skip
                 self.constant.append(n)
         self.steps: list[tuple[int, str]] = []
@@ -43,7 +42,7 @@ class _Program:
             if n not in needed:
                 continue
             op = nodes[n]["op"]
-            kind = ("scan" if n in plan.read_scan else "constant" if n in self.constant else "leaf" if op in LEAVES
+            kind = ("scan" if n in plan.read_scan else "constant" if n in self.constant else "leaf" if op in VALUE_LEAVES
                     else op if op in ("stat", "block_attention", "output") else "op")  # fmt: skip
             self.steps.append((n, kind))
         self.constants = [n for n, kind in self.steps if kind == "constant"]
@@ -131,7 +130,7 @@ class _Evaluator:
         values: dict = {}
         for n in prog.constant:
             d = self.nodes[n]
-            if d["op"] in CONSTANT_LEAVES:
+            if d["op"] in CALL_CONSTANTS:
                 values[n] = self.leaf(n)
             else:
                 args = d["args"]

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import re
 
+from ..ir.graph import VALUE_LEAVES
 from ..passes.pipeline import Compiled
 from ..tools.explain import default_scale_text, expr
 from . import scans_module as kernels_mod
 from . import source as src
 from .source import Module, Names
 
-_LEAVES = ("input", "param", "head", "const", "dim", "scale")
 _NUMBERS = ("const", "dim", "scale")
 CALL_ARGUMENTS = ("scale", "initial_state", "output_final_state", "cu_seqlens", "backend")
 # module-level names of a mixer module, which no spec name may take
@@ -58,7 +58,7 @@ class MixerWriter:
                 self.spec_names[n] = self.names.claim(d["let"])
         self.states = {s: self.names.claim(s) for s in self.g.states}
         out = self.nodes[self.g.output]["args"][0]
-        if out not in self.spec_names and self.nodes[out]["op"] not in _LEAVES:
+        if out not in self.spec_names and self.nodes[out]["op"] not in VALUE_LEAVES:
             self.spec_names[out] = self.names.claim(self.g.output_name)
         self.B, self.T, self.H = (self.names.claim(x) for x in ("B", "T", "H"))
         self.scale = self.names.claim("scale")
@@ -208,7 +208,7 @@ class MixerWriter:
             if n in self.plan.read_scan:
                 if self.plan.read_scan[n] not in self.done:
                     self.scan(self.plan.read_scan[n])
-            elif op in _LEAVES:
+            elif op in VALUE_LEAVES:
                 self.leaf(n)
             elif op == "stat":
                 self.stat(n)

@@ -26,6 +26,9 @@ STAT = ("mean", "std", "var", "max", "min")
 STAT_GROUPS = ("batch", "head")
 
 LEAF_OPS = ("input", "param", "const", "dim", "head", "scale", "state_in")
+VALUE_LEAVES = LEAF_OPS[:-1]  # the leaves a plan evaluates (a state's input is its scan's)
+SPEC_CONSTANTS = ("const", "dim", "head")  # what a value fixed by the spec alone (for each head and dim size) is made of
+CALL_CONSTANTS = SPEC_CONSTANTS + ("scale",)  # ... and by one call's sizes and scale
 OPS = LEAF_OPS + (
     "unary", "binary", "reduce", "normalize", "dot", "outer", "matmul", "stat", "block_attention",
     "output", "state_out",

@@ -82,7 +82,6 @@ class Classification:
         return next(s for s in self.scans if s.state == state)
 
 
-CONSTANT_LEAVES = ("const", "dim", "head")  # what a value fixed by the spec alone (for each head and dim size) is made of
 
 
 class _StateAnalysis:
@@ -232,7 +231,7 @@ class _StateAnalysis:
                            "its log, so a decay must lie in (0, 1], e.g. exp(-softplus(x)), sigmoid(x) or exp(g) for g <= 0",
                            self.factor_loc(f, step))  # fmt: skip
         leaves = {self.g.op(n) for n in nx.ancestors(self.g.g, f) | {f} if not self.g.args(n)}
-        if leaves <= set(CONSTANT_LEAVES):
+        if leaves <= set(ir.SPEC_CONSTANTS):
             sign = "negative" if r.lo < 0 else "zero"
             raise self.err(f"the decay factor of '{self.name}' is a constant that can be {sign} (its values lie in {r.text()} "
                            "over head indices h >= 0 and dim sizes >= 1); the scans take its log, so it must be positive for "

@@ -160,7 +160,7 @@ def _group(g: ir.Graph, cls: Classification, nodes: dict[int, dict], states: tup
     missing = _missing(s)
     train = None if missing else _train(s, decay, reads[0], normaliser is not None)
     decode = Kernels(recurrent.FAMILY, (("rule", s.rule), ("decay", decay.kind), ("reads", "_".join(reads))), ("kernel",)) if reads else None
-    forms = _Forms(g, nodes)
+    forms = _Forms(nodes)
     return ScanGroup(states, normaliser, s.rule, decay, reads, s.key_dim, tuple(cls.scan(st).value_dim for st in states),
                      CHUNK_VECTOR_DECAY if decay.kind in ("key", "value") else CHUNK_SCALAR_DECAY, train, decode, tuple(missing),
                      tuple(forms.of(s, finished=False).items()), tuple(forms.of(s, finished=True).items()))  # fmt: skip
@@ -183,13 +183,12 @@ def _train(s: Scan, decay: Decay, read: str, ones: bool) -> Kernels:
     return Kernels(additive.FAMILY, tuple(args.items()), tuple(additive.kernel_names(decay.kind)))
 
 
-CONSTANT_LEAVES = ("const", "dim", "head", "scale")
 
 
 class _Forms:
     """The scan operands kernels can read straight from the caller's tensors (Form), found on the IR."""
 
-    def __init__(self, g: ir.Graph, nodes: dict[int, dict]):
+    def __init__(self, nodes: dict[int, dict]):
         self.nodes = nodes
 
     def per_head_constant(self, n: int) -> tuple[str, ...] | None:
@@ -199,7 +198,7 @@ class _Forms:
             return None
         if d["op"] == "param":
             return (d["name"],)
-        if d["op"] in CONSTANT_LEAVES:
+        if d["op"] in ir.CALL_CONSTANTS:
             return ()
         if d["op"] in ("unary", "binary"):
             found = [self.per_head_constant(a) for a in d["args"]]

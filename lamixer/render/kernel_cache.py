@@ -53,7 +53,14 @@ def _holding(folder: Path, name: str, source: str) -> Path:
     except OSError:  # missing, a folder, unreadable: written below
         pass
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    write_atomically(path, data)
+    return path
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """path holding data, written to a temporary file beside it and renamed over it: a concurrent reader sees the old
+    file or the new one, never part of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -61,7 +68,6 @@ def _holding(folder: Path, name: str, source: str) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def _kernel_file(name: str, source: str) -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 import warnings
 from importlib import resources
@@ -24,7 +23,7 @@ from filelock import FileLock
 
 from ..kernels.config import Config
 from ..kernels.launch import MAX_HEAD_DIM, pow2
-from ..render.kernel_cache import cache_root
+from ..render.kernel_cache import cache_root, write_atomically
 
 CACHE_VERSION = 3  # 3: keys carry the Triton and torch versions (2: configurations of eight settings)
 
@@ -172,7 +171,7 @@ def store(key: str, config: Config, timings: dict) -> Path | None:
         with FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S):
             entries = _read(path)
             entries[key] = {"config": config.as_list(), "timings": timings, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
-            _replace(path, json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True))
+            write_atomically(path, json.dumps({"version": CACHE_VERSION, "entries": entries}, indent=1, sort_keys=True).encode())
     except OSError as e:  # filelock's Timeout is one too
         warnings.warn(f"could not store the autotune entry {key!r} in {path}: {e}", stacklevel=2)
         return None
@@ -181,13 +180,3 @@ def store(key: str, config: Config, timings: dict) -> Path | None:
     return path
 
 
-def _replace(path: Path, text: str) -> None:
-    """path holding text, written to a temporary file beside it and renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
