@@ -50,6 +50,11 @@ class Order:
 def make_order(g: ir.Graph, cls: Classification) -> Order:
     read_scan = {r.node: s.state for s in cls.scans for r in s.reads}
     by_state = {s.state: s for s in cls.scans}
+    # every read of a scan waits for all of the scan's inputs (its queries included): one node per scan stands between
+    # them, so r reads of n inputs cost n + r edges rather than n * r. Scan nodes are negative (the IR's are not): the
+    # lexicographic sort takes one as soon as it is ready, which leaves the IR nodes in the order direct edges give.
+    scan_node = {s.state: -1 - i for i, s in enumerate(cls.scans)}
+    scan_of = {v: k for k, v in scan_node.items()}
     E = nx.DiGraph()
     stack = [g.output, *(n for s in cls.scans for n in s.inputs())]
     while stack:
@@ -57,11 +62,16 @@ def make_order(g: ir.Graph, cls: Classification) -> Order:
         if n in E and E.nodes[n].get("seen"):
             continue
         E.add_node(n, seen=True)
-        deps = by_state[read_scan[n]].inputs() if n in read_scan else g.args(n)
+        if n in read_scan:
+            deps = [scan_node[read_scan[n]]]
+        elif n in scan_of:
+            deps = by_state[scan_of[n]].inputs()
+        else:
+            deps = g.args(n)
         for d in deps:
             E.add_edge(d, n)
             stack.append(d)
-    order = list(nx.lexicographical_topological_sort(E))
+    order = [n for n in nx.lexicographical_topological_sort(E) if n not in scan_of]
     nodes = {n: dict(d) for n, d in g.g.nodes(data=True)}
     need = nx.ancestors(g.g, g.scale_default) | {g.scale_default}
     scale_order = [n for n in g.order() if n in need]
