@@ -1,7 +1,6 @@
 """The public Python API: load a spec, call the mixer."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 from importlib import resources
 from pathlib import Path
@@ -105,12 +104,7 @@ def _warn_fallback(compiled: Compiled, missing: list[str]) -> None:
 
 @functools.lru_cache(maxsize=256)
 def _compile_cached(source: str, filename: str) -> Compiled:
-    compiled = compile_spec(source, filename)
-    # the inputs' declared domains, which calls check (lamixer.runtime.call.check_domains)
-    domains = {op.name: op.domain for op in compiled.graph.operands}
-    operands = tuple(dataclasses.replace(op, domain=domains[op.name]) for op in compiled.signature.operands)
-    compiled.signature = dataclasses.replace(compiled.signature, operands=operands)
-    return compiled
+    return compile_spec(source, filename)
 
 
 def loads(source: str, filename: str = "<spec>") -> Mixer:

@@ -30,7 +30,9 @@ class Compiled:
 
     def __post_init__(self):
         g = self.graph
-        operands = tuple(Operand(op.name, op.kind, op.dims, op.per_head) for op in g.operands)
+        # the inputs' declared domains go with them: lamixer's calls and a compiled package's (which writes this
+        # signature out) check them alike (lamixer.runtime.call.check_domains)
+        operands = tuple(Operand(op.name, op.kind, op.dims, op.per_head, op.domain) for op in g.operands)
         self.signature = Signature(g.name, operands, tuple((name, s.dims) for name, s in g.states.items()), g.uses_scale)
 
     @property
