@@ -394,3 +394,33 @@ def test_package_fuses_the_per_token_work(run):
     assert got["fused"]
     errors = _errors(got, refs["lln", "fused"])
     assert max(errors.values()) == 0, errors
+
+
+CHECKED = """mixer checked
+dims K, V
+input q[K], k[K], v[V], g[K] in (-inf, 0), a[]
+state S[K, V]
+S = exp(g) * (1 - a) * S + outer(k, v)
+out o = q @ S
+"""
+
+
+def test_a_package_checks_domains_and_decay_factors_as_lamixer_does(tmp_path):
+    """The package's signature carries each input's declared domain (the compiled spec's own), and a decay factor the
+    data decides is checked positive before its log is taken: the same ArgumentError as lamixer's, not NaN."""
+    m = lamixer.loads(CHECKED, "checked.lam")
+    with compiled_package(m, tmp_path) as pkg, one_thread():
+        signature = sys.modules[pkg.__name__ + ".mixer"].SIGNATURE
+        assert [(op.name, op.domain) for op in signature.operands] == [(op.name, op.domain) for op in m.compiled.signature.operands]
+        assert signature.operands[3].domain == (-float("inf"), 0.0)
+        tensors, _ = random_call(m, B=1, T=5, H=2, size=3)
+        tensors["a"] = torch.rand_like(tensors["a"]) / 2
+        assert torch.allclose(pkg.checked(*tensors.values(), backend="torch")[0], m(**tensors, backend="torch")[0], rtol=1e-12, atol=0)
+        for name, index, value, match in (("g", (0, 2, 1, 0), 0.5, "declared domain"), ("a", (0, 3, 1), 1.5, "decay factor of state 'S'")):
+            bad = {**tensors, name: tensors[name].clone()}
+            bad[name][index] = value
+            with pytest.raises(lamixer.ArgumentError, match=match) as want:
+                m(**bad, backend="torch")
+            with pytest.raises(pkg.ArgumentError) as got:
+                pkg.checked(*bad.values(), backend="torch")
+            assert str(got.value) == str(want.value)

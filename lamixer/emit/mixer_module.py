@@ -16,6 +16,7 @@ import re
 
 from ..ir.graph import VALUE_LEAVES
 from ..passes.pipeline import Compiled
+from ..runtime.call import Operand
 from ..tools.explain import default_scale_text, expr
 from . import scans_module as kernels_mod
 from . import source as src
@@ -112,7 +113,12 @@ class MixerWriter:
         arg_dims = [self.nodes[a]["dims"] for a in d["args"]]
         lead = _max_lead(*vals)
         if op == "unary":
-            self.assign(n, src.unary(d["fn"], self.tensor(vals[0])), lead)
+            x = self.tensor(vals[0])
+            if "decay_of" in d:  # a decay factor the scans take the log of: checked positive, as lamixer's backends check it
+                state, where, arguments = d["decay_of"]
+                note = f"({src.text(state)}, {src.text(where)}, {src.names(arguments) if arguments else '()'})"
+                self.lines.append(self.m.uses(f"ops.check_decay({x}, {note})"))
+            self.assign(n, src.unary(d["fn"], x), lead)
         elif op == "binary":
             a, b = vals
             if a.number and b.number:  # one operand a tensor, as the torch backend has it
@@ -256,6 +262,13 @@ def default_scale(compiled: Compiled, module: Module) -> list[str]:
     return lines + [f"return {result.code}" if plan.nodes[g.scale_default]["op"] == "const" else f"return float({result.code})"]
 
 
+def _operand(op: Operand) -> str:
+    """An operand of the compiled signature as a literal: its declared domain with it where it has one, so a package
+    checks the inputs' values as lamixer does (runtime/call.py: check_domains)."""
+    domain = f", domain=({src.number(op.domain[0])}, {src.number(op.domain[1])})" if op.domain != Operand.domain else ""
+    return f"Operand({src.text(op.name)}, {src.text(op.kind)}, {src.names(op.dims)}, {op.per_head}{domain})"
+
+
 def _layout(dims, per_head=False, lead=("B", "T", "H")) -> str:
     return src.shape(lead if lead else (("H",) if per_head else ()), dims)
 
@@ -285,8 +298,7 @@ is its kernel plan written out: the per-token work one line per node, each scan 
     m.use(runtime + ".scan", "torch_scan")
     params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan", "chunked"), builtin_names=False)  # the call's body calls no builtin
     args = {op.name: params.claim(op.name) for op in g.operands}
-    operands = "".join(f"\n        Operand({src.text(op.name)}, {src.text(op.kind)}, {src.names(op.dims)}, {op.per_head}),"
-                       for op in g.operands)  # fmt: skip
+    operands = "".join(f"\n        {_operand(op)}," for op in compiled.signature.operands)
     states = "".join(f"\n        ({src.text(n)}, {src.names(s.dims)})," for n, s in g.states.items())
     m.write("SIGNATURE = Signature(", f"    {src.text(g.name)},", f"    operands=({operands}\n    ),", f"    states=({states}\n    ),",
             f"    uses_scale={g.uses_scale},", ")", 'BACKENDS = ("auto", "torch", "triton")',
