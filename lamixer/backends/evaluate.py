@@ -14,6 +14,7 @@ from ..passes.kernel_plan import Form
 from ..passes.pipeline import Compiled
 from ..runtime import ops
 from ..runtime.scan import KeyForm, ScanOperands, attention_dtype, block_attention, scan_group, stat, torch_scan
+from ..runtime.substeps import substep_scan
 from .binding import Call, remember
 
 __all__ = ["ScanOperands", "run", "torch_scan"]
@@ -221,6 +222,9 @@ class _Evaluator:
         group, scans = self.prog.groups[state]
         s = scans[0]
         impl, normaliser = self.scan_impl[group.states] if isinstance(self.scan_impl, dict) else (self.scan_impl, False)
+        if not s.plain:
+            self.substeps(group, s, impl)
+            return
         operand, call = self.operand, self.call
         reads, finals = scan_group(
             impl, (self.B, self.T, call.heads), operand(s.write_key),
@@ -233,6 +237,23 @@ class _Evaluator:
             for r, o in zip(t.reads, outs):
                 self.env[r.node] = o
             self.finals[t.state] = final
+
+    def substeps(self, group, s: Scan, impl) -> None:
+        """A scan whose token update is several writes, or one the kernels lack (lamixer.runtime.substeps): alone in its
+        group. A vector state runs as a one-column matrix: [K, 1] written with b = 1 when read as x @ z, [1, D] written
+        with a = 1 when read whole."""
+        operand, call = self.operand, self.call
+        h0 = call.initial_state[s.state]
+        h0 = h0.unsqueeze(-1) if s.value_dim is None else h0.unsqueeze(-2) if s.key_dim is None else h0
+        one = h0.new_ones(1, 1, 1, 1) if s.value_dim is None else None
+        writes = [(operand(w.key), one if one is not None else operand(w.value), operand(w.erase), operand(w.log_decay), w.erase_before_decay)
+                  for w in s.writes]  # fmt: skip
+        reads = [(operand(r.query), r.step, r.position) for r in s.reads]
+        outs, final = substep_scan(impl, (self.B, self.T, call.heads), writes, group.decay.kind, reads, h0, call.cu_seqlens, group.chunk)
+        axis = -1 if s.value_dim is None else -2 if s.key_dim is None else None
+        for r, o in zip(s.reads, outs):
+            self.env[r.node] = o.squeeze(-1) if s.value_dim is None else o
+        self.finals[s.state] = final if axis is None else final.squeeze(axis)
 
 
 def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None, prog: _Program | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:

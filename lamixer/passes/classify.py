@@ -1,10 +1,12 @@
-"""Classification: find, for each state, the recurrence the chunkwise kernels implement.
+"""Classification: find, for each state, the recurrence the chunkwise scans implement.
 
-Every state must follow, per token:  S <- S * exp(log_decay)  (zero or more decays, scalar or
-along one of its dims), then one write, either additive  S <- S + outer(a, b)  or
-delta-style  S <- S + outer(a, b + c @ S)  (b, c free of S). A vector state z[K] takes
-z <- z + a. Reads are `x @ S` of the version before the token, after its decay, or after its
-write. Anything else is a located error: the IR cannot lower it.
+Every state follows, per token, an ordered list of sub-steps (lamixer.passes.forms says it for people):
+decays  S <- S * exp(log_decay)  (scalar or along one of its dims), then writes in order, each
+S <- S + outer(a, b + c @ V)  (b or c may be absent, all free of S), where V is the version the write
+finds or the one before the decays just above it (RWKV-7's a @ S_{t-1}). One write reading the version
+it finds is the additive or the delta rule the kernels run; several are sub-steps of one token. A
+vector state z[K] takes z <- z + a. Reads are `x @ S` (or a vector state whole) of any version. Anything
+else is a located error that names the forms the language has.
 """
 from __future__ import annotations
 
@@ -15,48 +17,88 @@ import networkx as nx
 from ..errors import SpecError
 from ..ir import graph as ir
 from ..ir.bounds import Bounds
+from . import forms
 
 
 @dataclass(frozen=True)
 class Read:
-    """A read x @ S of one state version: decayed/written say which part of the token's update it sees."""
+    """A read x @ S of one state version (query None: a vector state read whole): at sub-step `step` of the token's
+    update, decayed/written say which part of that sub-step it sees."""
 
     node: int
-    query: int
+    query: int | None
     decayed: bool
     written: bool
+    step: int = 0
 
     @property
     def position(self) -> str:
-        """Where the read sits in the token's update, as kernels and scans name it: "before", "mid" or "after"."""
+        """Where the read sits in its sub-step, as kernels and scans name it: "before", "mid" or "after"."""
         return "after" if self.written else ("mid" if self.decayed else "before")
 
     @property
     def when(self) -> str:
         if self.written:
-            return "after update"
+            return "after update" if self.step == 0 else f"after write {self.step + 1}"
+        if self.step:
+            return f"after decay, before write {self.step + 1}" if self.decayed else f"before write {self.step + 1}"
         return "after decay, before write" if self.decayed else "before update"
+
+
+@dataclass(frozen=True)
+class Write:
+    """One sub-step of a token's update: the decays since the previous write, then S <- S + a (b + V^T c)^T, V the
+    version the write finds, or the one before those decays (erase_before_decay)."""
+
+    log_decay: int | None  # the sum of the logs of the decays just above the write (None: none)
+    key: int | None  # a; None: a unit key (a vector state read whole is a [1, D] matrix written with a = 1)
+    value: int | None  # b; None: no value term (a write of c @ V alone)
+    erase: int | None  # c; None: no read of the state
+    erase_before_decay: bool = False
+
+    def inputs(self) -> list[int]:
+        return [n for n in (self.log_decay, self.key, self.value, self.erase) if n is not None]
 
 
 @dataclass
 class Scan:
-    """One state's recurrence: S_t = D_t S_{t-1} + a_t (b_t + S'^T c_t)^T, read by queries."""
+    """One state's recurrence: per token, the sub-steps `writes` (one for the additive and the delta rule,
+    S_t = D_t S_{t-1} + a_t (b_t + S'^T c_t)^T), read by queries."""
 
     state: str
-    key_dim: str
-    value_dim: str | None  # None: a vector state, written with b = 1
-    rule: str  # "additive" | "delta"
-    decay: str  # "none" | "constant" | "scalar" | "key" | "value"
-    log_decay: int | None
-    write_key: int
-    write_value: int | None
-    erase_key: int | None  # c (delta rule only); the erase reads the decayed state
+    key_dim: str | None  # None: a vector state read whole, a [1, value_dim] matrix
+    value_dim: str | None  # None: a vector state read as x @ z, written with b = 1
+    rule: str  # "additive" | "delta" (some write reads the state)
+    decay: str  # "none" | "constant" | "scalar" | "key" | "value" (over all sub-steps)
+    writes: tuple[Write, ...]
     reads: list[Read] = field(default_factory=list)
 
     def inputs(self) -> list[int]:
-        return [n for n in (self.log_decay, self.write_key, self.write_value, self.erase_key) if n is not None] + [
-            r.query for r in self.reads
-        ]
+        return [n for w in self.writes for n in w.inputs()] + [r.query for r in self.reads if r.query is not None]
+
+    @property
+    def plain(self) -> bool:
+        """One write with a key, whose state read (if any) sees the decayed state and has a value term beside it: the
+        additive or the delta rule as the kernels run it (write_key ... log_decay are its operands)."""
+        (w, *more) = self.writes
+        return not more and w.key is not None and not w.erase_before_decay and (w.erase is None or w.value is not None)
+
+    # the operands of a plain scan's one write
+    @property
+    def write_key(self) -> int | None:
+        return self.writes[0].key
+
+    @property
+    def write_value(self) -> int | None:
+        return self.writes[0].value
+
+    @property
+    def erase_key(self) -> int | None:
+        return self.writes[0].erase
+
+    @property
+    def log_decay(self) -> int | None:
+        return self.writes[0].log_decay
 
     @property
     def kernel_decay(self) -> str:
@@ -66,6 +108,10 @@ class Scan:
     def describe(self) -> str:
         decay = {"none": "no decay", "constant": "constant decay", "scalar": "scalar decay",
                  "key": f"decay along {self.key_dim}", "value": f"decay along {self.value_dim}"}[self.decay]  # fmt: skip
+        if len(self.writes) > 1:
+            return f"{len(self.writes)} writes per token ({self.rule}), {decay}"
+        if self.writes[0].erase_before_decay:
+            return f"generalized delta write (reads the state before its decay), {decay}"
         return f"{self.rule} write, {decay}"
 
 
@@ -91,6 +137,8 @@ class _StateAnalysis:
         self.s_in = g.state_in[name]
         self.dims = g.states[name].dims
         self.consumed: set[int] = set()
+        self.versions: set[int] = set()  # the state's versions in this token: state_in and every step of its update
+        self.read_version: int | None = None  # the version the write being analysed reads
 
     def err(self, msg: str, n: int) -> SpecError:
         return SpecError(msg, self.g.node(n)["loc"])
@@ -145,34 +193,42 @@ class _StateAnalysis:
                     return g.add("binary", (a, f), g.dims_of(a), loc, fn=fn), b
                 if df == self.dims[1:]:
                     return a, g.add("binary", (b, f), g.dims_of(b), loc, fn=fn)
-        raise self.err(f"the write to '{self.name}' must be an outer product outer(a, b) (times scalars)", w)
+        raise self.err(f"the write to '{self.name}' must be an outer product outer(a, b) (times scalars): "
+                       f"{forms.update(self.name)}", w)  # fmt: skip
 
-    def affine(self, n: int, base: int) -> tuple[int | None, int | None]:
-        """(b0, c) with n == b0 + c @ base, b0 and c free of the state (either may be None for zero)."""
+    def affine(self, n: int, allowed: dict[int, bool]) -> tuple[int | None, int | None]:
+        """(b0, c) with n == b0 + c @ V, b0 and c free of the state (either may be None for zero), V one of the versions
+        `allowed` (each -> whether it is the one before the write's decays); self.read_version records V."""
         g = self.g
         if not self.depends(n):
             return n, None
         loc, op = g.node(n)["loc"], g.op(n)
-        if op == "matmul" and g.args(n)[1] == base and not self.depends(g.args(n)[0]):
+        if op == "matmul" and not self.depends(g.args(n)[0]) and g.args(n)[1] in self.versions:
+            v = g.args(n)[1]
+            if v not in allowed:
+                raise self.err(f"this write reads '{self.name}' as it was before an earlier write of this token, a form the "
+                               f"language lacks ({forms.update(self.name)}); nearest: put this write first (writes that do "
+                               "not read the state commute), or read the state as this write finds it", n)  # fmt: skip
+            if self.read_version not in (None, v):
+                raise self.err(f"this write reads two versions of '{self.name}' (before and after its decay); a write reads "
+                               f"one: `{self.name} = {self.name} + outer(a, b + c @ {self.name})`", n)  # fmt: skip
+            self.read_version = v
             self.consumed.add(n)
             return None, g.args(n)[0]
-        if op == "matmul" and g.args(n)[1] == self.s_in and base != self.s_in:
-            raise self.err(f"the delta rule must read '{self.name}' after its decay: decay in a statement of its own, "
-                           f"`{self.name} = decay * {self.name}`, then write", n)  # fmt: skip
         if op == "binary" and g.node(n)["fn"] in ("add", "sub", "mul", "div"):
             fn, (x, y) = g.node(n)["fn"], g.args(n)
             if fn in ("add", "sub"):
-                (bx, cx), (by, cy) = self.affine(x, base), self.affine(y, base)
+                (bx, cx), (by, cy) = self.affine(x, allowed), self.affine(y, allowed)
                 return self._combine(fn, bx, by, loc), self._combine(fn, cx, cy, loc)
             scalar, other = (x, y) if not g.dims_of(x) and not self.depends(x) else (y, x)
             if not g.dims_of(scalar) and not self.depends(scalar) and (fn == "mul" or other == x):
-                b0, c = self.affine(other, base)
+                b0, c = self.affine(other, allowed)
                 def scaled(t):
                     return None if t is None else g.add("binary", (t, scalar), g.dims_of(t), loc, fn=fn)
                 return scaled(b0), scaled(c)
         raise self.err(
-            f"the write to '{self.name}' depends on the state in a form the IR cannot lower "
-            f"(it must be linear, b + c @ {self.name}, with c a vector)", n)  # fmt: skip
+            f"the write to '{self.name}' depends on the state in a form the language lacks: a write's value is linear in "
+            f"one read of the state, b + c @ {self.name} with c a vector ({forms.update(self.name)})", n)  # fmt: skip
 
     def _combine(self, fn: str, x: int | None, y: int | None, loc) -> int | None:
         g = self.g
@@ -250,7 +306,8 @@ class _StateAnalysis:
         names = [op.name for op in g.operands if op.name in used] + (["scale"] if any(g.op(n) == "scale" for n in nodes) else [])
         return self.name, where, tuple(names)
 
-    def decay_kind(self, log: int | None) -> str:
+    def decay_kind(self, log: int | None, whole: bool = False) -> str:
+        """The kind of one sub-step's decay (whole: a vector state read whole, whose dim is its value dim)."""
         g = self.g
         if log is None:
             return "none"
@@ -258,7 +315,7 @@ class _StateAnalysis:
         if len(d) == 2:
             raise self.err(f"'{self.name}' decays along both of its dims; the IR lowers a decay along one dim only", log)
         if d:
-            return "key" if d == self.dims[:1] else "value"
+            return "key" if d == self.dims[:1] and not whole else "value"
         seen, stack = set(), [log]
         while stack:  # time-varying iff an input reaches it other than through a (time-constant) stat
             n = stack.pop()
@@ -271,60 +328,120 @@ class _StateAnalysis:
                 stack.extend(g.args(n))
         return "constant"
 
+    def combined_kind(self, logs: list[int], whole: bool) -> str:
+        """The decay kind over all of a token's sub-steps: along one dim, else the widest of scalar and constant."""
+        kinds = [self.decay_kind(lg, whole) for lg in logs]
+        along = [(k, lg) for k, lg in zip(kinds, logs) if k in ("key", "value")]
+        if len({k for k, _ in along}) > 1:
+            raise self.err(f"'{self.name}' decays along two different dims in one token", along[-1][1])
+        return next((k for k in ("key", "value", "scalar", "constant") if k in kinds), "none")
+
+    def read_whole(self) -> bool:
+        """Whether a vector state is used whole somewhere (HGRN's `out o = hs`) rather than read as x @ z."""
+        g = self.g
+        out = g.state_out[self.name]
+        return len(self.dims) == 1 and any(
+            succ not in self.versions and succ != out and not (g.op(succ) == "matmul" and g.args(succ)[1] == v)
+            for v in self.versions for succ in g.g.successors(v)
+        )  # fmt: skip
+
+    def write(self, step: tuple[str, int, int, int], pending: list, start: int, whole: bool) -> Write:
+        """One sub-step: the decays `pending` (taken from version `start`), then the write `step`."""
+        g = self.g
+        kind, wnode, w, base = step
+        if kind == "write-":
+            zero = g.add("const", (), (), g.node(w)["loc"], value=0.0)
+            w = g.add("binary", (zero, w), g.dims_of(w), g.node(w)["loc"], fn="sub")
+        log = self.log_decay(pending)
+        if len(self.dims) == 1:
+            if self.depends(w):
+                raise self.err(f"the write to the vector state '{self.name}' cannot depend on the state; a vector state is "
+                               f"written `{self.name} = f * {self.name} + a`", w)  # fmt: skip
+            return Write(log, None, w, None) if whole else Write(log, w, None, None)
+        a, b = self.as_outer(w)
+        if self.depends(a):
+            raise self.err(f"the key written into '{self.name}' cannot depend on the state ({forms.update(self.name)})", a)
+        self.read_version = None
+        b0, c = self.affine(b, {base: False, start: bool(pending)})
+        return Write(log, a, b0, c, c is not None and self.read_version == start and bool(pending))
+
     def run(self) -> Scan:
         g = self.g
         final = g.args(g.state_out[self.name])[0]
         steps = self.chain(final)
         if steps is None:
-            raise self.err(
-                f"cannot lower the update of '{self.name}': write it as "
-                f"`{self.name} = decay * {self.name} + outer(a, b)` (decay optional)", final)  # fmt: skip
-        writes = [s for s in steps if s[0].startswith("write")]
-        if not writes:
+            raise self.err(f"cannot lower the update of '{self.name}': {forms.update(self.name)}", final)
+        written = [i for i, s in enumerate(steps) if s[0].startswith("write")]
+        if not written:
             raise self.err(f"state '{self.name}' is {'decayed but ' if steps else ''}never written", final)
-        if len(writes) > 1:
-            raise self.err(f"state '{self.name}' is written twice in one token; write once per token", writes[1][1])
-        widx = steps.index(writes[0])
-        for s in steps[widx + 1:]:
-            raise self.err(f"'{self.name}' is decayed after its write; decay the state before writing to it", s[1])
-        kind, wnode, w, base = writes[0]
-        if kind == "write-":
-            zero = g.add("const", (), (), g.node(w)["loc"], value=0.0)
-            w = g.add("binary", (zero, w), g.dims_of(w), g.node(w)["loc"], fn="sub")
-        log = self.log_decay(steps[:widx])
-        decay = self.decay_kind(log)
-        if len(self.dims) == 1:
-            if self.depends(w):
-                raise self.err(f"the write to the vector state '{self.name}' cannot depend on the state", w)
-            a, b0, c = w, None, None
-        else:
-            a, b = self.as_outer(w)
-            if self.depends(a):
-                raise self.err(f"the key written into '{self.name}' cannot depend on the state", a)
-            b0, c = self.affine(b, base)
-            if c is not None and b0 is None:
-                raise self.err(f"the write to '{self.name}' needs a value term besides the state read", b)
-            if c is not None and decay == "value":
-                raise self.err(f"the delta rule with a decay along '{self.dims[1]}' cannot be lowered; decay along '{self.dims[0]}'", wnode)
-        scan = Scan(self.name, self.dims[0], self.dims[1] if len(self.dims) == 2 else None,
-                    "delta" if c is not None else "additive", decay, log, a, b0, c)  # fmt: skip
-        versions = {self.s_in: (False, False)}
-        for kind_, node, _, _ in steps:
-            versions[node] = (True, False) if kind_ == "decay" else (True, True)
-        for v, (decayed, written) in versions.items():
-            for succ in g.g.successors(v):
-                if succ in versions or succ in self.consumed or succ == g.state_out[self.name]:
-                    continue
-                if g.op(succ) != "matmul" or g.args(succ)[1] != v:
-                    raise self.err(f"state '{self.name}' can only be updated, or read as x @ {self.name}", succ)
-                q = g.args(succ)[0]
-                if self.depends(q):
-                    raise self.err(f"the query of this read depends on '{self.name}' itself", succ)
-                if len(g.dims_of(q)) != 1:
-                    raise self.err(f"a read x @ {self.name} needs a vector x, got dims {list(g.dims_of(q))}", succ)
-                scan.reads.append(Read(succ, q, decayed, written))
-        scan.reads.sort(key=lambda r: r.node)
+        for s in steps[written[-1] + 1:]:
+            raise self.err(f"'{self.name}' is decayed after its last write; a decay applies to the writes below it, so move "
+                           f"`{self.name} = f * {self.name}` above the write (the next token's update starts with it)", s[1])  # fmt: skip
+        self.versions = {self.s_in} | {node for _, node, _, _ in steps}
+        whole = self.read_whole()
+        # each version's place in the sub-steps: (step, decayed, written); None between two decays of one step
+        where: dict[int, tuple[int, bool, bool] | None] = {self.s_in: (0, False, False)}
+        writes: list[Write] = []
+        pending, start = [], self.s_in
+        for step in steps:
+            if step[0] == "decay":
+                if pending:
+                    where[pending[-1][1]] = None
+                pending.append(step)
+                where[step[1]] = (len(writes), True, False)
+                continue
+            writes.append(self.write(step, pending, start, whole))
+            where[step[1]] = (len(writes) - 1, True, True)
+            pending, start = [], step[1]
+        decay = self.combined_kind([w.log_decay for w in writes if w.log_decay is not None], whole)
+        erasing = [w for w in writes if w.erase is not None]
+        if erasing and decay == "value":
+            raise self.err(f"the delta rule with a decay along '{self.dims[1]}' cannot be lowered: a write that reads "
+                           f"'{self.name}' needs a scalar decay or one along '{self.dims[0]}'", steps[written[0]][1])  # fmt: skip
+        dims = (None, self.dims[0]) if whole else (self.dims[0], self.dims[1] if len(self.dims) == 2 else None)
+        scan = Scan(self.name, *dims, "delta" if erasing else "additive", decay, tuple(writes))
+        scan.reads = self.reads(where, whole)
         return scan
+
+    def reads(self, where: dict[int, tuple[int, bool, bool] | None], whole: bool) -> list[Read]:
+        """Every use of a version that is not the update itself: x @ version (or the version, read whole)."""
+        g, out, found = self.g, self.g.state_out[self.name], []
+        for v, place in where.items():
+            for succ in g.g.successors(v):
+                if succ in where or succ in self.consumed or succ == out:
+                    continue
+                if place is None:
+                    raise self.err(f"this reads '{self.name}' between two of its decays; a read sees the state before its "
+                                   f"update, after all of a write's decays or after a write: join the decays into one, "
+                                   f"`{self.name} = f1 * f2 * {self.name}`", succ)  # fmt: skip
+                if g.op(succ) == "matmul" and g.args(succ)[1] == v:
+                    if whole:
+                        raise self.err(f"the vector state '{self.name}' is read whole elsewhere; read it one way, whole "
+                                       f"or as x @ {self.name} (as dot(x, {self.name}) of the whole)", succ)  # fmt: skip
+                    q = g.args(succ)[0]
+                    if self.depends(q):
+                        raise self.err(f"the query of this read depends on '{self.name}' itself", succ)
+                    if len(g.dims_of(q)) != 1:
+                        raise self.err(f"a read x @ {self.name} needs a vector x, got dims {list(g.dims_of(q))}", succ)
+                    found.append(Read(succ, q, place[1], place[2], place[0]))
+                elif whole:
+                    if not any(r.node == v for r in found):
+                        found.append(Read(v, None, place[1], place[2], place[0]))
+                else:
+                    raise self.err(self.read_error(v, succ), succ)
+        return sorted(found, key=lambda r: r.node)
+
+    def read_error(self, v: int, succ: int) -> str:
+        """What the language lacks in this use of a state version, and the nearest read it has."""
+        g, name = self.g, self.name
+        if g.op(succ) == "matmul" and g.args(succ)[0] == v:
+            near = (f"x @ {name} contracts the state's first dim ({self.dims[0]}); to contract {self.dims[-1]}, declare the "
+                    f"state [{', '.join(reversed(self.dims))}] and write it transposed")  # fmt: skip
+        elif len(self.dims) == 2:
+            near = f"a matrix state is read through a vector over its first dim, x @ {name} with x[{self.dims[0]}]"
+        else:
+            near = f"read it as x @ {name}"
+        return f"'{name}' is used here in a form the language lacks ({forms.read(name)}); nearest: {near}"
 
 
 def classify(g: ir.Graph) -> Classification:

@@ -57,6 +57,18 @@ class Form(NamedTuple):
 
 
 @dataclass(frozen=True)
+class SubStep:
+    """One write of a token's update as the scans run it: a sub-token of a chunked scan over n_writes * T of them."""
+
+    decay: bool  # the decays just above the write apply at this sub-step
+    erase: str | None  # where its read of the state sits: None (an additive write), "decayed" or "before decay"
+    value: bool  # a value term beside the read (else the write is c @ S alone)
+
+    def as_dict(self) -> dict:
+        return {"decay": self.decay, "erase": self.erase, "value": self.value}
+
+
+@dataclass(frozen=True)
 class Kernels:
     """One template's kernels for a scan group: rendered with `args` plus the accumulator dtype."""
 
@@ -93,6 +105,9 @@ class ScanGroup:
     # l2norms, per-token factors and signs of key-side operands
     finished_train: tuple[tuple[int, Form], ...] = ()
     finished_decode: tuple[tuple[int, Form], ...] = ()
+    # the token's writes in order (one for the additive and delta rules), and the sub-step each read sits at
+    substeps: tuple[SubStep, ...] = ()
+    read_steps: tuple[int, ...] = ()
 
     @property
     def read(self) -> str | None:
@@ -134,7 +149,7 @@ def _fusable(cls: Classification) -> list[tuple[str, ...]]:
         group = [a.state]
         for b in cls.scans[i + 1:]:
             same_reads = [(r.query, r.decayed, r.written) for r in a.reads] == [(r.query, r.decayed, r.written) for r in b.reads]
-            if (a.rule == b.rule == "additive" and a.write_key == b.write_key and a.log_decay == b.log_decay
+            if (a.plain and b.plain and a.rule == b.rule == "additive" and a.write_key == b.write_key and a.log_decay == b.log_decay
                     and a.decay in ("none", "constant", "scalar", "key") and b.decay == a.decay and same_reads):  # fmt: skip
                 group.append(b.state)
         groups.append(tuple(group))
@@ -159,11 +174,19 @@ def _group(g: ir.Graph, cls: Classification, nodes: dict[int, dict], states: tup
     normaliser = _normaliser(cls, states)
     missing = _missing(s)
     train = None if missing else _train(s, decay, reads[0], normaliser is not None)
-    decode = Kernels(recurrent.FAMILY, (("rule", s.rule), ("decay", decay.kind), ("reads", "_".join(reads))), ("kernel",)) if reads else None
+    decoding = reads and s.plain
+    decode = Kernels(recurrent.FAMILY, (("rule", s.rule), ("decay", decay.kind), ("reads", "_".join(reads))), ("kernel",)) if decoding else None
     forms = _Forms(nodes)
     return ScanGroup(states, normaliser, s.rule, decay, reads, s.key_dim, tuple(cls.scan(st).value_dim for st in states),
                      CHUNK_VECTOR_DECAY if decay.kind in ("key", "value") else CHUNK_SCALAR_DECAY, train, decode, tuple(missing),
-                     tuple(forms.of(s, finished=False).items()), tuple(forms.of(s, finished=True).items()))  # fmt: skip
+                     tuple(forms.of(s, finished=False).items()), tuple(forms.of(s, finished=True).items()),
+                     _substeps(s), tuple(r.step for r in s.reads))  # fmt: skip
+
+
+def _substeps(s: Scan) -> tuple[SubStep, ...]:
+    return tuple(SubStep(w.log_decay is not None, None if w.erase is None else "before decay" if w.erase_before_decay else "decayed",
+                         w.value is not None or s.value_dim is None)
+                 for w in s.writes)  # fmt: skip
 
 
 def _missing(s: Scan) -> list[str]:
@@ -172,6 +195,17 @@ def _missing(s: Scan) -> list[str]:
         return [f"state {s.state}: a scan without reads (final state only) has no Triton template yet"]
     if len(s.reads) > 1:
         return [f"state {s.state}: more than one read of one state has no Triton template yet"]
+    if len(s.writes) > 1:
+        return [f"state {s.state}: {len(s.writes)} writes per token have no Triton template yet (the torch backend runs them "
+                "as sub-steps)"]  # fmt: skip
+    (w,) = s.writes
+    if w.key is None:
+        return [f"state {s.state}: a vector state read whole has no Triton template yet"]
+    if w.erase_before_decay:
+        return [f"state {s.state}: a write that reads the state before its decay (the generalized delta rule) has no Triton "
+                "template yet"]  # fmt: skip
+    if w.erase is not None and w.value is None:
+        return [f"state {s.state}: a write of a read of the state alone (no value term) has no Triton template yet"]
     return []
 
 
@@ -241,7 +275,9 @@ class _Forms:
 
     def of(self, s: Scan, finished: bool) -> dict[int, Form]:
         """The operands of scan s the kernels read from the caller's tensors; finished: the recurrent kernel's forms."""
-        out = {}
+        out: dict[int, Form] = {}
+        if not s.plain:  # no kernel runs it
+            return out
         for n in (s.write_value, s.log_decay):
             if n is not None and self.plain_input(n):
                 out[n] = Form(self.plain_input(n))
