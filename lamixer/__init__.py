@@ -16,12 +16,12 @@ from .hf import register_on_import as _register_hf  # imports nothing of transfo
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and editors
     from .api import Mixer, load, loads, shipped_specs
-    from .layer import Layer, LayerState
+    from .layer import Layer, LayerState, Window
 
-__all__ = ["ArgumentError", "Layer", "LayerState", "LamixerError", "Mixer", "SpecError", "load", "loads", "shipped_specs"]
+__all__ = ["ArgumentError", "Layer", "LayerState", "LamixerError", "Mixer", "SpecError", "Window", "load", "loads", "shipped_specs"]
 __version__ = "0.1.0"
 
-_LAZY = {"Mixer": "api", "load": "api", "loads": "api", "shipped_specs": "api", "Layer": "layer", "LayerState": "layer"}
+_LAZY = {"Mixer": "api", "load": "api", "loads": "api", "shipped_specs": "api", "Layer": "layer", "LayerState": "layer", "Window": "layer"}
 
 
 def __getattr__(name: str):

@@ -12,6 +12,7 @@ from .errors import ArgumentError
 from .kernels.recurrent import MAX_T
 from .passes.pipeline import Compiled, compile_spec
 from .runtime.call import check_flags, pick_backend, results, warn
+from .runtime.carry import attach
 
 SPEC_SUFFIX = ".lam"
 
@@ -53,18 +54,24 @@ class Mixer:
         return f"Mixer({self.name!r}: {', '.join(self.inputs)} -> {self.compiled.graph.output_name}; states {', '.join(self.states)})"
 
     def __call__(self, *tensors, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
-                 backend: str = "auto", **named):  # fmt: skip
-        """o, final_state = mixer(q, k, v, ...). final_state is None unless output_final_state; a tuple for several states."""
+                 backend: str = "auto", stats=None, window=None, output_stats: bool = False, output_window: bool = False,
+                 **named):  # fmt: skip
+        """o, final_state = mixer(q, k, v, ...). final_state is None unless output_final_state; a tuple for several states.
+
+        stats: given values of the spec's statistics by name (else each is the whole input's); window: block
+        attention's lamixer.Window to continue from. output_window=True and output_stats=True add, in this order, the
+        Window after the call and the statistics used ({name: value}) to what the call returns (runtime/carry.py)."""
         check_flags(backend, BACKENDS, output_final_state)
         compute = torch.float64 if backend == "interpret" else None
         call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
+        call = attach(self.compiled.signature, call, stats, window, output_stats, output_window)
         if call.memo is None:
             impl = self._backend(call, backend)
         else:  # the choice depends on nothing but the signature, the grad mode and whether the recurrent kernel takes the length
             key = (backend, torch.is_grad_enabled(), call.longest <= MAX_T)
             impl = call.memo.get(key) or remember(call.memo, key, self._backend(call, backend))
         o, finals = impl.run(self.compiled, call)
-        return results(call, o, finals, output_final_state)
+        return results(call, o, finals, output_final_state, self.compiled.signature)
 
     def _backend(self, call: Call, backend: str):
         """The backend module that runs this call; an ArgumentError when Triton kernels are asked for and cannot run it."""

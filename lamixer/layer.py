@@ -43,8 +43,10 @@ from .runtime.blocks import (
     whole,
 )
 from .runtime.call import check_backend
+from .runtime.carry import Window, block_size
+from .runtime.running import RunningStats, momentum_value
 
-__all__ = ["SHIFT", "Layer", "LayerState"]
+__all__ = ["SHIFT", "Layer", "LayerState", "Window"]
 
 Value = tuple[torch.Tensor, tuple[str, ...]]  # a tensor whose trailing axes are the named dims
 
@@ -122,7 +124,7 @@ class Layer(LayerBase):
         self.options = self._options(graph, options)
         self.sizes = self._sizes(graph)
         self.spec_key = f"{self.mixer.name}:{self.mixer.compiled.source_hash}"
-        self.stateful = graph.carries_state()
+        self._running(graph)
         self.state_dims = tuple(s.dims for s in graph.states.values())
         self.shifted = bool(self.info.shifts)
         self.value_dims = graph.dims_of(graph.output)
@@ -180,10 +182,27 @@ class Layer(LayerBase):
         self.post = nn.ModuleList(nn.Linear(hidden, width, bias=False) if p.kind == "gate" else norm_module(width // heads if p.per_head else width, p.fn)
                                   for p in info.post)  # fmt: skip
         self.o_proj = nn.Linear(width, hidden, bias=False)
+        if self.running_stats:
+            stats = {d["name"]: (d["fn"], "head" in d["groups"]) for _, d in ir.stats(self.mixer.compiled.graph) if d["name"] in self.running_stats}
+            self.stats = RunningStats(stats, self.num_heads, self.momentum)
         operands = {op.name: op for op in self.mixer.compiled.graph.operands}
         for r in info.rotary:
             dim = operands[r.name].dims[0]
             check_rotary(r.name, dim, self.sizes[dim])
+
+    def _running(self, graph: ir.Graph) -> None:
+        """Which statistics the layer keeps running estimates of (the section's `running`, unless its option is 0) and
+        with what momentum; the layer decodes when it keeps them all (block attention decodes through its window)."""
+        running, stats = self.info.running, {d["name"]: d for _, d in ir.stats(graph)}
+        on = running is not None and (running.switch is None or self.options[running.switch] != 0)
+        self.running_stats = tuple(n for n in running.stats if n in stats) if on else ()
+        if on:
+            m = running.momentum
+            self.momentum = momentum_value(self.options[m] if isinstance(m, str) else m, m if isinstance(m, str) else None)
+        self.stat_batches = {n: "batch" in stats[n]["groups"] for n in self.running_stats}
+        self.stateful = set(stats) <= set(self.running_stats)
+        self.windows = tuple((block_size(d["size"], self.sizes), self.sizes[graph.dims_of(d["args"][1])[0]], self.sizes[graph.dims_of(d["args"][2])[0]])
+                             for _, d in ir.blocks(graph))  # fmt: skip
 
     def _init(self, p: ir.LayerParamInfo) -> torch.Tensor:
         """A param's initial value from its init expression, drawn in float64 with torch's generator."""
@@ -195,8 +214,9 @@ class Layer(LayerBase):
     def _mix(self, x, state, cu, caches, offset, return_state):
         inputs = self._inputs(x, state, cu, caches, offset)
         mixer_params = {name: self.params[name] for name, p in self.info.params.items() if p.of_mixer}
-        o, finals = self.mixer(**inputs, **mixer_params, initial_state=None if state is None else state.mixer,
-                               output_final_state=return_state, cu_seqlens=cu, backend=self.backend)  # fmt: skip
+        o, finals, *more = self.mixer(**inputs, **mixer_params, initial_state=None if state is None else state.mixer,
+                                      output_final_state=return_state, cu_seqlens=cu, backend=self.backend, **self._carry(state, offset, return_state))  # fmt: skip
+        self._carried(more, caches, return_state)
         return self.o_proj(self._output(o, x)), finals
 
     def _conv(self, name: str, x: torch.Tensor, state: LayerState | None, cu, caches: dict) -> torch.Tensor:

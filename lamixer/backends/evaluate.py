@@ -9,11 +9,14 @@ from __future__ import annotations
 import torch
 
 from ..ir.graph import CALL_CONSTANTS, VALUE_LEAVES
+from ..ir.graph import blocks as graph_blocks
+from ..ir.graph import stats as graph_stats
 from ..passes.classify import Scan
 from ..passes.kernel_plan import Form
 from ..passes.pipeline import Compiled
 from ..runtime import ops
-from ..runtime.scan import KeyForm, ScanOperands, attention_dtype, block_attention, scan_group, stat, torch_scan
+from ..runtime.carry import block_attention, extras, statistic
+from ..runtime.scan import KeyForm, ScanOperands, attention_dtype, scan_group, torch_scan
 from ..runtime.substeps import substep_scan
 from .binding import Call, remember
 
@@ -54,6 +57,9 @@ class _Program:
         self.constant_factors = [n for n, d in direct.items() if d.scaled and (d.factor is None or d.factor in self.constant)]
         self.factors_key = tuple(self.constant_factors)
         self.groups = {st: (group, [compiled.classification.scan(name) for name in group.states]) for group in plan.groups for st in group.states}
+        # each block attention's place in a call's window, and the statistics in the order a call reports them
+        self.blocks = {n: i for i, (n, _) in enumerate(graph_blocks(compiled.graph))}
+        self.stats = [n for n, _ in graph_stats(compiled.graph)]
 
     def _scan_deps(self, s: Scan) -> list[int]:
         deps = []
@@ -99,6 +105,7 @@ class _Evaluator:
         self.direct = self.prog.direct
         self.env: dict[int, torch.Tensor] = {}
         self.finals: dict[str, torch.Tensor] = {}
+        self.windows: dict[int, tuple | None] = {}  # block attention node -> its window after the call (when asked)
         self.B, self.T = call.batch, call.length
 
     def full(self, n: int) -> torch.Tensor:
@@ -166,9 +173,33 @@ class _Evaluator:
             if scan.state not in self.finals:
                 self.scan(scan.state)
 
+    def extras(self) -> list[torch.Tensor]:
+        """What the call asked for beside o and the final states (runtime/carry.py: extras)."""
+        stats = []
+        if self.call.output_stats:
+            for n in self.prog.stats:
+                if n not in self.env:  # a statistic only a direct operand needed
+                    self.evaluate_up_to(n)
+                stats.append((self.env[n], self.nodes[n]["groups"]))
+        return extras(self.call, [self.windows.get(n) for n in self.prog.blocks], stats)
+
+    def evaluate_up_to(self, target: int) -> None:
+        """Evaluate target and what it needs that is not evaluated yet."""
+        need, todo = set(), [target]
+        while todo:
+            n = todo.pop()
+            if n not in self.env and n not in need:
+                need.add(n)
+                todo.extend(self.nodes[n]["args"])
+        for n in self.c.plan.order:
+            if n in need:
+                op = self.nodes[n]["op"]
+                self.env[n] = (self.leaf(n) if op in VALUE_LEAVES else self.stat(n) if op == "stat"
+                               else ops.apply(self.nodes[n], [self.env[a] for a in self.nodes[n]["args"]], [self.nodes[a]["dims"] for a in self.nodes[n]["args"]]))  # fmt: skip
+
     def stat(self, n: int) -> torch.Tensor:
         node = self.nodes[n]
-        return stat(node["fn"], self.full(node["args"][0]), node["groups"], self.call.cu_seqlens)
+        return statistic(self.call, node["name"], node["fn"], self.full(node["args"][0]), node["groups"])
 
     def block_attention(self, n: int) -> torch.Tensor:
         q, k, v, scale = self.nodes[n]["args"]
@@ -182,8 +213,9 @@ class _Evaluator:
             x = call.inputs.get(self.nodes[n]["name"]) if self.nodes[n]["op"] == "input" else None
             return x if x is not None and x.dtype == dtype and x.dim() == 4 else self.full(n)
 
-        return block_attention(operand(q), operand(k), operand(v), self.env[scale] if number is None else number, size,
-                               call.cu_seqlens, dtype).to(call.compute_dtype)  # fmt: skip
+        o, self.windows[n] = block_attention(call, self.prog.blocks[n], operand(q), operand(k), operand(v), self.env[scale] if number is None else number,
+                                             size, dtype)  # fmt: skip
+        return o.to(call.compute_dtype)
 
     def operand(self, n: int | None) -> torch.Tensor | None:
         """A scan operand: a node's value, or a direct operand's input tensor (its form left to the kernel)."""
@@ -261,4 +293,5 @@ def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None, prog:
     the caller keeps it; scan_impl: as _Evaluator.scan takes it)."""
     ev = _Evaluator(compiled, call, scan_impl, direct, prog)
     ev.run()
-    return ev.env[compiled.graph.output], [ev.finals[n] for n in compiled.graph.states]
+    finals = [ev.finals[n] for n in compiled.graph.states]
+    return ev.env[compiled.graph.output], finals + ev.extras() if call.output_stats or call.output_window else finals

@@ -215,6 +215,13 @@ class _ToAst(Transformer):
     def out_gate_decl(self, meta, c):
         return S.OutGate(self._ident(c[0]), Loc(meta.line, meta.column))
 
+    def running_momentum(self, meta, c):
+        t = c[0]
+        return float(t) if t.type == "NUMBER" else S.Ident(str(t), _loc(t))
+
+    def running_decl(self, meta, c):
+        return S.Running(c[0], c[1], self._ident(c[2]), Loc(meta.line, meta.column))
+
     def layer_section(self, meta, c):
         statements: list = []
         for item in c:

@@ -212,7 +212,17 @@ class OutGate:
     loc: Loc
 
 
-LayerStatement = LayerOption | LayerSize | LayerParam | Proj | Conv | Map | Rotary | Shift | Norm | OutGate
+@dataclass(frozen=True)
+class Running:
+    """Statistics the layer keeps running estimates of, as normalisation layers do."""
+
+    names: tuple[Ident, ...]
+    momentum: float | Ident | None  # a number or an option; None: the default
+    switch: Ident | None  # an option: running estimates while it is nonzero, whole-input statistics when 0
+    loc: Loc
+
+
+LayerStatement = LayerOption | LayerSize | LayerParam | Proj | Conv | Map | Rotary | Shift | Norm | OutGate | Running
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,16 @@ class Graph:
         return text + (f" [{', '.join(d['dims'])}]" if d["dims"] else "")
 
 
+def stats(g: Graph) -> list[tuple[int, dict]]:
+    """The stat nodes and their data, in node order (the order a call's statistics are reported in)."""
+    return sorted((n, d) for n, d in g.g.nodes(data=True) if d["op"] == "stat")
+
+
+def blocks(g: Graph) -> list[tuple[int, dict]]:
+    """The block_attention nodes and their data, in node order (the order of a call's window)."""
+    return sorted((n, d) for n, d in g.g.nodes(data=True) if d["op"] == "block_attention")
+
+
 # ---- the layer section, lowered: a declarative plan that lamixer.layer builds modules from ----
 # Expressions stay syntax trees (lamixer.syntax); lowering has checked every name and dim in them.
 @dataclass(frozen=True)
@@ -203,6 +213,13 @@ class ShiftInfo:
 
 
 @dataclass(frozen=True)
+class RunningInfo:
+    stats: tuple[str, ...]  # the mixer's stats the layer keeps running estimates of
+    momentum: float | str  # a number or an option's name
+    switch: str | None  # an option: running estimates while it is nonzero, whole-input statistics when it is 0
+
+
+@dataclass(frozen=True)
 class PostInfo:
     kind: str  # "norm" or "gate"
     fn: str  # rmsnorm / layernorm, or the gate's activation
@@ -220,4 +237,5 @@ class LayerInfo:
     rotary: list[RotaryInfo] = field(default_factory=list)
     shifts: list[ShiftInfo] = field(default_factory=list)
     post: list[PostInfo] = field(default_factory=list)
+    running: RunningInfo | None = None
     loc: Loc = Loc(1, 1)

@@ -299,7 +299,7 @@ class _Lowerer:
         arg = self.expr(v.args[0])
         if g.depends_on(arg, set(g.state_in.values())):
             raise self.err("a stat cannot depend on a state", v.loc)
-        self.env[st.name] = self.add("stat", (arg,), (), v.loc, fn=v.fn, groups=tuple(g for g in ir.STAT_GROUPS if g in groups))
+        self.env[st.name] = self.add("stat", (arg,), (), v.loc, name=st.name, fn=v.fn, groups=tuple(g for g in ir.STAT_GROUPS if g in groups))
 
     def assign(self, st: S.Assign) -> None:
         g = self.graph
@@ -337,6 +337,7 @@ INIT_ONLY = {"inv_softplus"}  # log(exp(x) - 1): a bias whose softplus is x (Mam
 NORMS = ("rmsnorm", "layernorm")
 HIDDEN = "hidden"  # the layer's input, before projections
 LAYER_ARGUMENTS = ("spec", "hidden_size", "num_heads", "backend")  # options are keyword arguments beside these
+RUNNING_MOMENTUM = 0.1  # a running estimate's default momentum, as torch's normalisation layers have it
 
 
 def canonical_fn(name: str) -> str:
@@ -473,8 +474,8 @@ class _LayerLowerer:
                     raise self.err(f"unknown dim '{d}'{_Lowerer._hint(d, self.graph.dims)}", dloc)
             if ir.HEAD_DIM in shape.dims[1:]:
                 raise self.err("the head dim H may only lead a param's shape", shape.locs[shape.dims.index(ir.HEAD_DIM, 1)])
-            if len(shape.dims) > 2 or len(set(shape.dims)) != len(shape.dims):
-                raise self.err(f"a layer param is [H], [H, D] or [D], got {_fmt(shape.dims)}", st.loc)
+            if len(shape.dims) - (shape.dims[:1] == (ir.HEAD_DIM,)) > 2 or len(set(shape.dims)) != len(shape.dims):
+                raise self.err(f"a layer param is [H], [H, D], [H, D, E] or the same without H, got {_fmt(shape.dims)}", st.loc)
             per_head = shape.dims[:1] == (ir.HEAD_DIM,)
             dims = shape.dims[1:] if per_head else shape.dims
             if mixer is not None and (per_head != mixer.per_head or dims != mixer.dims):
@@ -562,9 +563,33 @@ class _LayerLowerer:
     def out_gate(self, st: S.OutGate) -> None:
         self.info.post.append(ir.PostInfo("gate", self.activation(st.fn)))
 
+    def running(self, st: S.Running) -> None:
+        if self.info.running is not None:
+            raise self.err("`running` is given twice: name every statistic in one statement", st.loc)
+        stats = {d["name"]: n for n, d in self.graph.g.nodes(data=True) if d["op"] == "stat"}
+        names: list[str] = []
+        for ident in st.names:
+            if ident.id not in stats:
+                raise self.err(f"`running` keeps estimates of the mixer's stats; '{ident.id}' is not one{_Lowerer._hint(ident.id, stats)}", ident.loc)
+            if ident.id in names:
+                raise self.err(f"'{ident.id}' given twice", ident.loc)
+            names.append(ident.id)
+        momentum = RUNNING_MOMENTUM if st.momentum is None else st.momentum
+        if isinstance(momentum, S.Ident):
+            if momentum.id not in self.info.options:
+                raise self.err(f"the momentum must be a number or an option, not '{momentum.id}'{_Lowerer._hint(momentum.id, self.info.options)}", momentum.loc)
+            momentum = momentum.id
+        elif not 0 < momentum <= 1:
+            raise self.err(f"the momentum must lie in (0, 1], got {momentum:g}", st.loc)
+        if st.switch is not None and st.switch.id not in self.info.options:
+            raise self.err(f"`if` names an option that turns the running estimates on; '{st.switch.id}' is not one"
+                           f"{_Lowerer._hint(st.switch.id, self.info.options)}", st.switch.loc)  # fmt: skip
+        self.info.running = ir.RunningInfo(tuple(names), momentum, None if st.switch is None else st.switch.id)
+
     def run(self) -> ir.LayerInfo:
         handlers = {S.LayerOption: self.option, S.LayerSize: self.size, S.LayerParam: self.param, S.Proj: self.proj,
-                    S.Conv: self.conv, S.Map: self.map, S.Rotary: self.rotary, S.Shift: self.shift, S.Norm: self.norm, S.OutGate: self.out_gate}  # fmt: skip
+                    S.Conv: self.conv, S.Map: self.map, S.Rotary: self.rotary, S.Shift: self.shift, S.Norm: self.norm, S.OutGate: self.out_gate,
+                    S.Running: self.running}  # fmt: skip
         for st in self.section.statements:
             handlers[type(st)](st)
         loc = self.section.loc

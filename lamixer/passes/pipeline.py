@@ -33,7 +33,9 @@ class Compiled:
         # the inputs' declared domains go with them: lamixer's calls and a compiled package's (which writes this
         # signature out) check them alike (lamixer.runtime.call.check_domains)
         operands = tuple(Operand(op.name, op.kind, op.dims, op.per_head, op.domain) for op in g.operands)
-        self.signature = Signature(g.name, operands, tuple((name, s.dims) for name, s in g.states.items()), g.uses_scale)
+        self.signature = Signature(g.name, operands, tuple((name, s.dims) for name, s in g.states.items()), g.uses_scale,
+                                   tuple((d["name"], d["groups"]) for _, d in ir.stats(g)),
+                                   tuple((d["size"], g.dims_of(d["args"][1])[0], g.dims_of(d["args"][2])[0]) for _, d in ir.blocks(g)))  # fmt: skip
 
     @property
     def name(self) -> str:
