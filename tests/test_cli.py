@@ -155,6 +155,122 @@ def test_bench_saves_its_rows_as_it_goes(monkeypatch):
     assert [row["T"] for row in res["rows"]] == [16, 16, 16, 32, 32, 32]
 
 
+# lamixer bench against a user's own kernel (--peer): described as FLA's peers are, checked, then timed
+
+NAIVE_PEER = """
+import torch
+
+SEEN = []  # whether q held no gradient each time the peer was called: every timed backward writes fresh ones
+
+
+def naive_gla(q, k, v, g, scale=None):
+    \"\"\"GLA token by token, head first ([B, H, T, D]), returning (o, final state) as FLA's ops do.\"\"\"
+    SEEN.append(q.grad is None)
+    B, H, T, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    S = q.new_zeros(B, H, K, v.shape[-1], dtype=torch.float32)
+    out = []
+    for t in range(T):
+        S = S * g[:, :, t].float().exp()[..., None] + k[:, :, t].float()[..., None] * v[:, :, t].float()[..., None, :]
+        out.append(scale * (q[:, :, t].float()[..., None, :] @ S)[..., 0, :])
+    return torch.stack(out, 2).to(q.dtype), S
+"""
+
+TORCH_PEER = """
+import lamixer
+
+
+def torch_gla(q, k, v, gk):
+    return lamixer.load("gla")(q, k, v, gk, backend="torch")[0]
+"""
+
+
+@pytest.fixture
+def cpu_bench(monkeypatch):
+    """lamixer bench on the CPU at a tiny size, its timing real (wall time; the kernels under TRITON_INTERPRET)."""
+    from lamixer.tools import bench
+
+    for name, value in (("DEVICE", "cpu"), ("BT_TOTAL", 32), ("H", 2), ("D", 8), ("copy_bandwidth", lambda: 1e12)):
+        monkeypatch.setattr(bench, name, value)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stub")
+    return bench
+
+
+def test_bench_checks_a_peer_from_a_file_then_times_it(cpu_bench, tmp_path, monkeypatch):
+    """A spec file against a naive loop in a file of the user's, head first: its output and every gradient agree with
+    lamixer's before it is timed, each timed call finds no gradient accumulated, and the ratios land in lamixer's row."""
+    spec = tmp_path / "my_gla.lam"
+    spec.write_text(lamixer.api.shipped_source("gla").replace("mixer gla ", "mixer my_gla "))
+    (tmp_path / "naive.py").write_text(NAIVE_PEER)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the command runs; bench.DEVICE keeps it on the CPU
+    code, out = run("bench", str(spec), "--vs", "sdpa", "--lengths", "16", "--no-decode", "--out", str(tmp_path / "res"),
+                    "--peer", f"{tmp_path / 'naive.py'}:naive_gla", "--peer-layout", "bhtd")  # fmt: skip
+    assert code == 0, out
+    res = json.loads((tmp_path / "res" / "bench_my_gla.json").read_text())
+    ours, theirs = res["rows"][:2]
+    assert theirs["op"] == "peer naive_gla" and res["peer"]["layout"] == "bhtd"
+    assert set(theirs["vs_lamixer"]) == {"o", "dq", "dk", "dv", "dg"} and max(theirs["vs_lamixer"].values()) < 2e-2
+    assert theirs["fwd_ms"] > 0 and theirs["fwdbwd_ms"] > 0 and "fwd_vs_peer" in ours and "fwdbwd_vs_peer" in ours
+    seen = sys.modules[cpu_bench.peers.resolve(f"{tmp_path / 'naive.py'}:naive_gla").__module__].SEEN
+    assert len(seen) > 6 and all(seen)
+    assert "peer naive_gla" in out and "peer vs lamixer" in out
+
+
+def test_bench_does_not_time_a_peer_that_disagrees(cpu_bench, tmp_path):
+    (tmp_path / "naive.py").write_text(NAIVE_PEER)
+    entry = {"fn": f"{tmp_path / 'naive.py'}:naive_gla", "kwargs": {"scale": 1.0}, "layout": "bhtd"}  # not the spec's scale
+    res = cpu_bench.run([lamixer.load("gla")], [16], set(), decode=False, log=lambda row: None, peer=entry)
+    ours, theirs = res["rows"]
+    assert "disagrees with lamixer" in theirs["error"] and "fwd_ms" not in theirs and "fwd_vs_peer" not in ours
+    assert theirs["vs_lamixer"]["o"] > 0.5
+
+
+def test_bench_calls_an_importable_peer_as_its_mapping_says(cpu_bench, tmp_path, monkeypatch):
+    """MODULE:FUNCTION from the user's path, with a keyword in the mapping (the torch backend under another name)."""
+    (tmp_path / "my_kernels.py").write_text(TORCH_PEER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = {"fn": "my_kernels:torch_gla", **cpu_bench.peers.mapping("q, k, v, gk=g", ["q", "k", "v", "g"])}
+    res = cpu_bench.run([lamixer.load("gla")], [16], set(), decode=False, log=lambda row: None, peer=entry)
+    theirs = res["rows"][1]
+    assert "error" not in theirs and max(theirs["vs_lamixer"].values()) < 1e-2 and theirs["fwdbwd_ms"] > 0
+
+
+@pytest.mark.parametrize("args, option, message", [
+    (["--peer", "no_such_module_here:fn"], "--peer", "No module named 'no_such_module_here'"),
+    (["--peer", "os:no_such_function"], "--peer", "os has no 'no_such_function'"),
+    (["--peer", "os.path"], "--peer", "write MODULE:FUNCTION"),
+    (["--peer", "os:sep"], "--peer", "not callable"),
+    (["--peer", "missing_dir/peer.py:f"], "--peer", "no such file"),
+    (["--peer", "broken.py:f"], "--peer", "importing broken.py raised SyntaxError"),
+    (["--peer", "os:getcwd", "--peer-args", "q,k,w"], "--peer-args", "'w' is none of the spec's inputs (q, k, v, g)"),
+    (["--peer", "os:getcwd", "--peer-args", "q,k:int8"], "--peer-args", "the dtype must be one of"),
+    (["--peer", "os:getcwd", "--peer-args", "{not json"], "--peer-args", "not valid JSON"),
+    (["--peer", "os:getcwd", "--peer-args", '{"args": ["q"], "extra": 1}'], "--peer-args", "unknown key(s) extra"),
+    (["--peer", "os:getcwd", "--peer-args", "q,gk=g,scale=0.5.1"], "--peer-args", "neither an input's name nor a JSON"),
+    (["--peer", "os:getcwd", "--peer-args", '{"layout": "bhtd"}', "--peer-layout", "bthd"], "--peer-layout", "the mapping says"),
+])  # fmt: skip
+def test_a_bad_peer_is_a_usage_error_naming_its_option(tmp_path, monkeypatch, args, option, message):
+    """Checked before anything runs (here, before the missing GPU is noticed), on a spec file as on a shipped name."""
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "my_gla.lam").write_text(lamixer.api.shipped_source("gla"))
+    monkeypatch.chdir(tmp_path)
+    code, out = run("bench", "my_gla.lam", *args)
+    assert code == 2 and f"Invalid value for '{option}'" in out and message in out, out
+    assert "Traceback" not in out
+
+
+def test_peer_options_without_a_peer_are_a_usage_error():
+    code, out = run("bench", "gla", "--peer-args", "q,k,v,g")
+    assert code == 2 and "describe a --peer" in out
+
+
+def test_the_peer_tolerance_default_is_the_benchmarks():
+    from lamixer.tools import bench
+
+    default = next(p.default for p in cli.bench.params if p.name == "peer_tolerance")
+    assert default == bench.TOLERANCE
+
+
 # conventions: -h, choices, lowercase documented options, exit statuses
 
 

@@ -2,56 +2,30 @@
 
 One run times forward and forward+backward at B*T = 32768, H = 16, D = 128 (bf16) for each length,
 peak memory, and the one-token decode step (the mixer call and a layer's step, from Python and
-replayed from a CUDA graph, with the state's GB/s); ratios to FLA (when importable: an optional
-benchmark dependency, never a runtime one) and to the time to move the inputs and outputs (for
-decoding: the state) once at the measured copy bandwidth. `lamixer bench` and bench/gpu.py use it.
+replayed from a CUDA graph, with the state's GB/s); ratios to the peers (FLA's kernel of a shipped spec, when FLA
+is importable: an optional benchmark dependency, never a runtime one; a user's own kernel, described as
+lamixer/tools/peers.py says) and to the time to move the inputs and outputs (for decoding: the state) once at the
+measured copy bandwidth. A peer is checked against lamixer on the benchmark's own inputs before it is timed: its
+output and every gradient, as relative errors; one that disagrees is not timed. Every timed backward writes fresh
+gradients. `lamixer bench` and bench/gpu.py use it.
 """
 from __future__ import annotations
 
-import json
+import statistics
 import time
 import traceback
-from importlib import resources
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..api import Mixer
+from . import peers
 from .check import random_call, rel_rms
+from .peers import COMPETITORS, peer_call
 
 H, D, BT_TOTAL = 16, 128, 32768
 DEVICE = "cuda"  # where run() puts its tensors
-
-def _competitors() -> dict:
-    """Each shipped spec's peer in flash-linear-attention, as data (competitors.json beside this file)."""
-    table = json.loads(resources.files("lamixer").joinpath("tools/competitors.json").read_text())
-    return {name: entry for name, entry in table.items() if not name.startswith("_")}
-
-
-COMPETITORS = _competitors()
-
-
-def _argument(value, tensors: dict):
-    """A peer's argument: a string names one of the call's tensors (NAME:float32 converts it), anything else is itself."""
-    if not isinstance(value, str):
-        return value
-    name, _, dtype = value.partition(":")
-    return tensors[name].to(getattr(torch, dtype)) if dtype else tensors[name]
-
-
-def peer_call(entry: dict, tensors: dict, h0=None):
-    """Call a peer as its table entry says, on the call's tensors (h0: a decode call's initial state)."""
-    fn = _import(entry["fn"])
-    kwargs = {k: _argument(v, tensors) for k, v in entry.get("kwargs", {}).items()}
-    if h0 is not None:
-        kwargs.update(initial_state=h0, output_final_state=True)
-    return fn(*(_argument(a, tensors) for a in entry["args"]), **kwargs)
-
-
-def _import(path: str):
-    module, name = path.split(":")
-    return getattr(__import__(module, fromlist=[name]), name)
-
 
 def fla_available() -> bool:
     try:
@@ -67,10 +41,23 @@ def fla_available() -> bool:
 def do_bench(fn, leaves=()) -> float:
     """Median ms of fn; `leaves` (tensors fn's backward reaches) get no gradient to accumulate into: each timed
     backward writes fresh ones, as a model's activations do (an accumulating add per input is a whole extra pass,
-    which would count on both sides of every comparison)."""
+    which would count on both sides of every comparison). Off a GPU (tests), the median wall time of three calls."""
+    if DEVICE != "cuda":
+        return _wall_ms(fn, leaves)
     import triton
 
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median", grad_to_none=list(leaves) or None)
+
+
+def _wall_ms(fn, leaves=()) -> float:
+    times = []
+    for _ in range(3):
+        for leaf in leaves:
+            leaf.grad = None
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def copy_bandwidth() -> float:
@@ -82,6 +69,9 @@ def copy_bandwidth() -> float:
 
 
 def _time(label, fn, do, row, leaves=()) -> dict:
+    """Time fn's forward and forward+backward (with `do` as the output's gradient) into row; on a GPU also the peak
+    memory of one forward+backward with fresh gradients: peak_GiB all told, work_GiB above what was allocated before
+    it (the inputs and whatever the run holds), which a peer whose inputs are laid out anew is compared by."""
     try:
         with torch.no_grad():
             row["fwd_ms"] = round(do_bench(fn), 4)
@@ -90,13 +80,68 @@ def _time(label, fn, do, row, leaves=()) -> dict:
             fn().backward(do)
 
         row["fwdbwd_ms"] = round(do_bench(fb, leaves), 4)
-        torch.cuda.reset_peak_memory_stats()
-        fb()
-        row["peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        if DEVICE == "cuda":
+            for leaf in leaves:
+                leaf.grad = None
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            fb()
+            peak = torch.cuda.max_memory_allocated()
+            row.update(peak_GiB=round(peak / 2**30, 2), work_GiB=round((peak - before) / 2**30, 3))
     except Exception as e:  # a failing competitor must not stop the run
         traceback.print_exc()
         row["error"] = repr(e)[:300]
     return dict(op=label, **row)
+
+
+def _gradients(fn: Callable[[], torch.Tensor], leaves: dict, do: torch.Tensor) -> dict:
+    """fn's output and the gradient of <o, do> for each leaf (None where none reaches it), leaving .grad alone."""
+    o = fn()
+    grads = torch.autograd.grad(o, list(leaves.values()), do, allow_unused=True)
+    return {"o": o.detach(), **{f"d{k}": g for k, g in zip(leaves, grads)}}
+
+
+def agreement(m: Mixer, entry: dict, tensors: dict, theirs: dict, do: torch.Tensor) -> dict[str, float]:
+    """Relative RMS errors of a peer's output and of its gradient for every input against lamixer's (the triton
+    backend) on the same inputs and output gradient; theirs: the inputs as the peer takes them (peers.lay_out)."""
+    ours = _gradients(lambda: m(**tensors, backend="triton")[0], tensors, do)
+    got = _gradients(lambda: peers.output(peer_call(entry, theirs)), theirs, peers.to_layout(entry, do))
+    tokens = peers.per_token(m)
+    errors = {"o": rel_rms(peers.to_bthd(entry, got["o"]), ours["o"])}
+    for k in tensors:
+        g = got[f"d{k}"]
+        errors[f"d{k}"] = rel_rms(peers.to_bthd(entry, g) if k in tokens else g, ours[f"d{k}"])
+    return errors
+
+
+TOLERANCE = 5e-2  # a peer further than this from lamixer (relative, bf16) computes something else: it is not timed
+
+
+def _peer_row(label: str, m: Mixer, entry: dict, tensors: dict, do: torch.Tensor, row: dict, tolerance: float) -> dict:
+    """A peer checked against lamixer, then timed (fresh gradients for its own leaves, which a head-first layout
+    makes anew); a row with an error and no times when the check fails or finds it disagreeing."""
+    try:
+        theirs = peers.lay_out(entry, m, tensors)
+        errors = agreement(m, entry, tensors, theirs, do)
+    except Exception as e:  # a failing peer must not stop the run
+        traceback.print_exc()
+        return dict(op=label, **row, error=f"the check against lamixer failed: {e!r}"[:300])
+    row = dict(row, vs_lamixer={k: float(f"{v:.3g}") for k, v in errors.items()})
+    worst = max(errors, key=lambda k: errors[k] if errors[k] == errors[k] else float("inf"))  # NaN counts as the worst
+    if not errors[worst] <= tolerance:
+        return dict(op=label, **row, error=f"disagrees with lamixer: {worst} off by {errors[worst]:.2e} relative (tolerance {tolerance:g}); not timed")
+    return _time(label, lambda: peers.output(peer_call(entry, theirs)), peers.to_layout(entry, do), row, list(theirs.values()))
+
+
+def _peers(m: Mixer, have_fla: bool, peer: dict | None) -> list[tuple[str, dict, str]]:
+    """(row label, entry, the key its ratios take) of each peer m is timed against: FLA's, the user's."""
+    out = []
+    if have_fla and m.name in COMPETITORS:
+        entry = COMPETITORS[m.name]["chunk"]
+        out.append((f"fla {entry['fn'].split(':')[1]}", entry, "fla"))
+    if peer is not None:
+        out.append((f"peer {peer['fn'].rpartition(':')[2]}", peer, "peer"))
+    return out
 
 
 def floors(tensors: dict, out_numel: int, bandwidth: float) -> tuple[float, float]:
@@ -107,12 +152,14 @@ def floors(tensors: dict, out_numel: int, bandwidth: float) -> tuple[float, floa
     return 1e3 * (ins + out) / bandwidth, 1e3 * (2 * ins + 2 * out) / bandwidth
 
 
-def run(mixers: list[Mixer], Ts: list[int], vs: set[str], decode: bool = True, log=print, save=None) -> dict:
-    """Every row of one benchmark run; save(result so far) after each row, so that a run cut short keeps its rows."""
+def run(mixers: list[Mixer], Ts: list[int], vs: set[str], decode: bool = True, log=print, save=None, peer: dict | None = None,
+        tolerance: float = TOLERANCE) -> dict:  # fmt: skip
+    """Every row of one benchmark run; save(result so far) after each row, so that a run cut short keeps its rows.
+    peer: a user's kernel, an entry as lamixer/tools/peers.py describes (checked against each spec's inputs first)."""
     bandwidth = copy_bandwidth()
     have_fla = "fla" in vs and fla_available()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_GBps": round(bandwidth / 1e9, 1),
-           "fla": have_fla, "rows": []}  # fmt: skip
+           "fla": have_fla, "peer": peer, "rows": []}  # fmt: skip
     rows = res["rows"]
 
     def emit(row: dict) -> None:
@@ -133,12 +180,11 @@ def run(mixers: list[Mixer], Ts: list[int], vs: set[str], decode: bool = True, l
             if "fwd_ms" in ours:
                 ours["fwd_vs_floor"] = round(ours["fwd_ms"] / fwd_floor, 2)
             emit(ours)
-            if have_fla and m.name in COMPETITORS:
-                entry = COMPETITORS[m.name]["chunk"]
-                theirs = _time(f"fla {entry['fn'].split(':')[1]}", lambda: peer_call(entry, tensors)[0], do, dict(T=T, B=B), leaves)
-                for k in ("fwd_ms", "fwdbwd_ms"):
+            for label, entry, key in _peers(m, have_fla, peer):
+                theirs = _peer_row(label, m, entry, tensors, do, dict(T=T, B=B), tolerance)
+                for k in ("fwd_ms", "fwdbwd_ms", "work_GiB"):
                     if k in ours and k in theirs:
-                        ours[f"{k[:-3]}_vs_fla"] = round(ours[k] / theirs[k], 2)
+                        ours[f"{k.rpartition('_')[0]}_vs_{key}"] = round(ours[k] / theirs[k], 2)
                 emit(theirs)
         if "sdpa" in vs:
             q, k, v = (torch.randn(B, T, H, D, device=DEVICE, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))

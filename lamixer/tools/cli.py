@@ -376,20 +376,37 @@ def autotune(spec: str, batch: int, length: int, heads: int, size: int, dtype: s
 @main.command(context_settings=RENAMED)
 @click.argument("specs", nargs=-1, required=True)
 @click.option("--vs", type=CommaChoice(["fla", "sdpa"]), default="fla,sdpa", show_default=True, help="Competitors, comma-separated: fla (when importable), sdpa.")
+@click.option("--peer", "peer_fn", metavar="MODULE:FUNCTION",
+              help="Your own kernel to time beside each spec: MODULE:FUNCTION (importable) or PATH/TO/FILE.py:FUNCTION, called on "
+                   "the spec's inputs as --peer-args says; checked against lamixer first (output and every gradient), not timed if "
+                   "it disagrees.")  # fmt: skip
+@click.option("--peer-args", "peer_args", metavar="MAPPING",
+              help="How the spec's inputs map onto --peer's arguments, as lamixer/tools/competitors.json describes FLA's: a JSON "
+                   'object (or a .json file) like {"args": ["q", "k", "v", "g:float32"], "kwargs": {"normalize": false}}, or a list '
+                   "like q,k,v,gk=g,normalize=false (default: every input, positional, in the spec's order).")  # fmt: skip
+@click.option("--peer-layout", type=click.Choice(["bthd", "bhtd"]), default=None,
+              help="The layout --peer takes its per-token inputs and returns its output in: bthd, lamixer's [B, T, H, D] (the "
+                   "default), or bhtd, head first.")  # fmt: skip
+@click.option("--peer-tolerance", type=click.FloatRange(min=0, min_open=True), default=5e-2, show_default=True,
+              help="The largest relative error (output or a gradient, bf16) at which --peer still counts as computing what the "
+                   "spec does.")  # fmt: skip
 @click.option("--lengths", type=PositiveInts(), default="2048,4096,8192,16384", show_default=True, help="Sequence lengths, comma-separated (B*T = 32768).")
 @click.option("--decode/--no-decode", default=True, show_default=True, help="Also time a one-token decode step at B = 1, 64, 256.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Save a plot of time against T.")
 @click.option("--out", "out_dir", default="bench/results", show_default=True, type=click.Path(file_okay=False), help="Folder for the results' JSON.")
-def bench(specs: tuple[str, ...], vs: tuple[str, ...], lengths: tuple[int, ...], decode: bool, plot_file: str | None, out_dir: str) -> None:
-    """Time SPECS' Triton kernels against FLA and SDPA on this GPU (forward, forward+backward, memory, decode)."""
+def bench(specs: tuple[str, ...], vs: tuple[str, ...], peer_fn: str | None, peer_args: str | None, peer_layout: str | None, peer_tolerance: float,
+          lengths: tuple[int, ...], decode: bool, plot_file: str | None, out_dir: str) -> None:  # fmt: skip
+    """Time SPECS' Triton kernels against FLA, SDPA and your own kernel on this GPU (forward, forward+backward, memory,
+    decode). A spec is a shipped name or a .lam file."""
     import torch
 
     from ..backends import triton as triton_backend
     from . import bench as bench_mod
 
+    mixers = [_load(s) for s in specs]
+    peer = _peer(mixers, peer_fn, peer_args, peer_layout)  # usage errors first, then what this machine lacks
     if not torch.cuda.is_available():
         raise click.ClickException("bench times kernels on a GPU and none is visible")
-    mixers = [_load(s) for s in specs]
     for m in mixers:
         missing = triton_backend.unsupported(m.compiled)
         if missing:
@@ -398,18 +415,58 @@ def bench(specs: tuple[str, ...], vs: tuple[str, ...], lengths: tuple[int, ...],
         os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, f"bench_{'_'.join(m.name for m in mixers)}.json")
     console = _console()
-    res = bench_mod.run(mixers, list(lengths), set(vs), decode, log=lambda row: console.print(row), save=lambda res: _save_json(res, path))
-    table = _table(f"{res['device']}: B*T = 32768, H = 16, D = 128, bf16 (median ms)", ("op", "T", "fwd", "fwd+bwd", "peak GiB", "vs FLA fwd / fwd+bwd", "fwd vs floor"))
-    for r in res["rows"]:
-        if "T" in r:
-            ratio = f"{r.get('fwd_vs_fla', '-')} / {r.get('fwdbwd_vs_fla', '-')}" if r["op"].startswith("lamixer") else ""
-            table.add_row(r["op"], str(r["T"]), str(r.get("fwd_ms", r.get("error", "-"))), str(r.get("fwdbwd_ms", "-")),
-                          str(r.get("peak_GiB", "-")), ratio, str(r.get("fwd_vs_floor", "")))  # fmt: skip
-    console.print(table)
+    res = bench_mod.run(mixers, list(lengths), set(vs), decode, log=lambda row: console.print(row), save=lambda res: _save_json(res, path),
+                        peer=peer, tolerance=peer_tolerance)  # fmt: skip
+    console.print(_bench_table(res))
     if plot_file:
         with _writes_to("--plot"), _needs_matplotlib("--plot"):
             bench_mod.plot(res, plot_file)
     click.echo(f"results in {path}" + (f", plot in {plot_file}" if plot_file else ""))
+
+
+PEER_OPTIONS = {"peer": "--peer", "peer_args": "--peer-args"}  # the option an ArgumentError of tools/peers.py is about
+
+
+def _peer(mixers: list[Mixer], target: str | None, mapping: str | None, layout: str | None) -> dict | None:
+    """The user's peer as an entry of lamixer/tools/peers.py's format, its function imported and its mapping checked
+    against every spec's inputs; a usage error naming the option at fault."""
+    from . import peers
+
+    if target is None:
+        if mapping is not None or layout is not None:
+            raise click.UsageError("--peer-args and --peer-layout describe a --peer: name one")
+        return None
+    try:
+        peers.resolve(target)
+        entries = [peers.mapping(mapping, m.inputs) for m in mixers]
+    except LamixerError as e:
+        raise click.BadParameter(str(e).partition(": ")[2], param_hint=[PEER_OPTIONS.get(getattr(e, "argument", ""), "--peer")]) from None
+    entry = {"fn": target, **entries[0]}
+    if layout is not None:
+        if entry.get("layout", layout) != layout:
+            raise click.BadParameter(f"the mapping says layout {entry['layout']!r}", param_hint=["--peer-layout"])
+        entry["layout"] = layout
+    return entry
+
+
+def _bench_table(res: dict):
+    """The run's rows: times, memory, ratios to each peer, and a peer's agreement with lamixer."""
+    peer = res.get("peer")
+    columns = ["op", "T", "fwd", "fwd+bwd", "peak GiB", "vs FLA fwd / fwd+bwd"]
+    columns += ["vs peer fwd / fwd+bwd / memory", "peer vs lamixer (worst)"] if peer else []
+    table = _table(f"{res['device']}: B*T = 32768, H = 16, D = 128, bf16 (median ms)", (*columns, "fwd vs floor"))
+    for r in res["rows"]:
+        if "T" not in r:
+            continue
+        ours = r["op"].startswith("lamixer")
+        cells = [r["op"], str(r["T"]), str(r.get("fwd_ms", r.get("error", "-"))), str(r.get("fwdbwd_ms", "-")), str(r.get("peak_GiB", "-")),
+                 f"{r.get('fwd_vs_fla', '-')} / {r.get('fwdbwd_vs_fla', '-')}" if ours else ""]  # fmt: skip
+        if peer:
+            cells.append(f"{r.get('fwd_vs_peer', '-')} / {r.get('fwdbwd_vs_peer', '-')} / {r.get('work_vs_peer', '-')}" if ours else "")
+            errors = r.get("vs_lamixer")
+            cells.append(f"{max(errors.values()):.1e} ({max(errors, key=errors.get)})" if errors else "")
+        table.add_row(*cells, str(r.get("fwd_vs_floor", "")))
+    return table
 
 
 def _save_json(res: dict, path: str) -> None:
