@@ -2,6 +2,7 @@
 import json
 import warnings
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -61,6 +62,44 @@ def test_autotune_interpret_leaves_the_gpu_cache_alone(private_cache):
     assert result.exit_code == 0, result.output
     assert not (private_cache / "autotune.json").exists()
     assert "autotune-interpreter.json" in " ".join(result.output.split())  # where it says it saved the winner
+
+
+VARIANT = """mixer my_variant "A scalar gate with a silu feature map: a variant no shipped list holds"
+dims K, V
+input q[K], k[K], v[V], g[] in (-inf, 0)
+state S[K, V]
+S = exp(g) * S + outer(k, v)
+out o = silu(q) @ S
+"""
+
+
+def test_autotune_tunes_a_spec_file(private_cache, tmp_path):
+    """`lamixer autotune FILE.lam`: the user's own spec is searched like a shipped one, and what it stores (in the
+    interpreter's file of the private cache, never the GPU's) is what the spec's later calls at that shape launch with."""
+    from click.testing import CliRunner
+
+    from lamixer.tools.cli import main
+
+    spec = tmp_path / "my_variant.lam"
+    spec.write_text(VARIANT)
+    args = ["autotune", str(spec), "--interpret", "--batch", "1", "--length", "24", "--heads", "2", "--size", "16", "--dtype", "fp32", "--limit", "2"]
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "my_variant: B=1 T=24 H=2" in result.output and not (private_cache / "autotune.json").exists()
+    entries = json.loads((private_cache / "autotune-interpreter.json").read_text())["entries"]
+    assert len(entries) == 1
+    (key, entry), = entries.items()
+    assert key.split("|")[2] == choose.entry_hashes(lamixer.load(str(spec)).compiled.plan.groups[0])[0]
+    assert group_config(str(spec), 1, 24, 2, 16, 16) == Config.from_list(entry["config"])
+
+
+def test_a_search_stops_when_its_budget_is_spent(monkeypatch):
+    """--budget: no candidate starts after the budget is spent, but the first always runs (and is stored)."""
+    clock = iter(range(0, 1000, 10))  # every reading of the search's clock 10 s after the last
+    monkeypatch.setattr(search, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    monkeypatch.setattr(search, "_time", lambda fn, device: 1.0)
+    trials, keys = search.tune(lamixer.load("simple_gla"), 1, 24, 2, 16, torch.float32, "cpu", budget_s=15.0)
+    assert len(trials) == 2 and at.lookup(keys[0]) == trials[0].config
 
 
 def test_without_an_entry_the_default_is_used_at_once():

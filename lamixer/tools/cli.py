@@ -331,9 +331,13 @@ def _states_error(errors: dict[str, float]) -> float:
 @click.option("--size", type=POSITIVE, default=128, show_default=True, help="Every feature dim (K, V, ...).")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True, help="The inputs' dtype.")
 @click.option("--limit", type=POSITIVE, default=None, help="Try at most this many candidates.")
+@click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Start no candidate after this many seconds (the fastest so far is already stored).")  # fmt: skip
 @click.option("--interpret", is_flag=True, help="Run under Triton's CPU interpreter (checks the machinery; its times mean nothing).")
-def autotune(spec: str, batch: int, length: int, heads: int, size: int, dtype: str, limit: int | None, interpret: bool) -> None:
-    """Search kernel configurations for SPEC on this GPU; each is checked against the torch backend, then timed."""
+def autotune(spec: str, batch: int, length: int, heads: int, size: int, dtype: str, limit: int | None, budget: float | None, interpret: bool) -> None:
+    """Search kernel configurations for SPEC (a shipped name or a .lam file) on this GPU; each is checked against the
+    torch backend, then timed. The fastest is stored for this GPU, the kernels' source and the shape: later calls of
+    any spec whose kernels render the same source launch with it."""
     import torch
 
     if interpret:
@@ -361,7 +365,7 @@ def autotune(spec: str, batch: int, length: int, heads: int, size: int, dtype: s
             progress.console.print("  ".join(row), highlight=False)  # as it goes: the fastest so far is already stored
 
         try:
-            trials, keys = search.tune(m, batch, length, heads, size, torch_dtype, device, limit, on_trial)
+            trials, keys = search.tune(m, batch, length, heads, size, torch_dtype, device, limit, on_trial, budget)
         except ValueError as e:
             raise click.ClickException(f"{m.name} has no Triton kernels to tune: {e}") from None
         except LamixerError as e:

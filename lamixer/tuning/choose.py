@@ -32,7 +32,10 @@ def usable(group: ScanGroup, config: Config, V: int) -> bool:
 
 def entry_hashes(group: ScanGroup, acc: str = "float32") -> list[str]:
     """The kernel sources whose tuned entries serve the group, in order: its own, then, for kernels carrying a
-    normaliser, their plain form's (the same kernels but for a [K] vector per chunk)."""
+    normaliser, their plain form's (the same kernels but for a [K] vector per chunk); none for a group without chunk
+    kernels."""
+    if group.train is None:
+        return []
     forms = [group.train]
     if group.normaliser is not None:
         forms.append(Kernels(group.train.template, tuple(kv for kv in group.train.args if kv[0] != "ones"), group.train.names))

@@ -60,13 +60,14 @@ def search_space(mixer, size: int) -> tuple[str, list[Config]]:
 CONTEXT_FAULTS = ("illegal memory access", "unspecified launch failure", "misaligned address", "illegal instruction")
 
 
-def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: str, limit: int | None = None, on_trial=None) -> tuple[list[Trial], list[str]]:
+def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: str, limit: int | None = None, on_trial=None,
+         budget_s: float | None = None) -> tuple[list[Trial], list[str]]:  # fmt: skip
     """Try candidates on random inputs: check each against the torch backend, then time it; store the fastest.
 
     A coordinate descent: from the cached configuration (else the default) it tries the one-setting changes of the
-    fastest configuration so far, in the space's order, until none is left untried (a local optimum) or `limit`
-    trials are done; so the changes that pay combine (a first search tries the default's one-setting changes, then
-    those of whichever beat it).
+    fastest configuration so far, in the space's order, until none is left untried (a local optimum), `limit`
+    trials are done or `budget_s` seconds have passed (checked between trials; the first trial always runs); so the
+    changes that pay combine (a first search tries the default's one-setting changes, then those of whichever beat it).
 
     Returns the trials and the cache keys written. Timing uses triton.testing.do_bench on a GPU (the
     only meaningful place); under the CPU interpreter it uses wall time, for testing the machinery, and
@@ -94,7 +95,8 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     untried = list(space)
     start = lookup(keys[0]) if keys else None  # a search goes on from where an earlier one ended
     config = start if start in untried else untried[0]
-    while config is not None and (limit is None or len(trials) < limit):
+    started = time.perf_counter()
+    while config is not None and (limit is None or len(trials) < limit) and not (trials and budget_s is not None and time.perf_counter() - started > budget_s):
         untried.remove(config)
         call = configured(mixer, {tuned: config})  # the spec's groups on other templates keep their own
         try:
