@@ -10,6 +10,7 @@ import torch
 from .backends.binding import BACKENDS, Call, bind, remember
 from .errors import ArgumentError
 from .kernels.recurrent import MAX_T
+from .parallel.slicing import bind_slice
 from .passes.pipeline import Compiled, compile_spec
 from .runtime.call import check_flags, pick_backend, results, warn
 from .runtime.carry import attach
@@ -55,15 +56,21 @@ class Mixer:
 
     def __call__(self, *tensors, scale=None, initial_state=None, output_final_state: bool = False, cu_seqlens=None,
                  backend: str = "auto", stats=None, window=None, output_stats: bool = False, output_window: bool = False,
-                 **named):  # fmt: skip
+                 context_parallel=None, **named):  # fmt: skip
         """o, final_state = mixer(q, k, v, ...). final_state is None unless output_final_state; a tuple for several states.
 
         stats: given values of the spec's statistics by name (else each is the whole input's); window: block
         attention's lamixer.Window to continue from. output_window=True and output_stats=True add, in this order, the
-        Window after the call and the statistics used ({name: value}) to what the call returns (runtime/carry.py)."""
+        Window after the call and the statistics used ({name: value}) to what the call returns (runtime/carry.py).
+        context_parallel: a torch.distributed ProcessGroup whose ranks each pass a slice of the time axis
+        (lamixer/parallel, docs/context_parallel.md)."""
         check_flags(backend, BACKENDS, output_final_state)
         compute = torch.float64 if backend == "interpret" else None
-        call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
+        if context_parallel is None:
+            call = bind(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute)
+        else:
+            call = bind_slice(self.compiled, tensors, named, scale, initial_state, cu_seqlens, compute, backend, context_parallel,
+                              output_final_state, window is not None or output_window)  # fmt: skip
         call = attach(self.compiled.signature, call, stats, window, output_stats, output_window)
         if call.memo is None:
             impl = self._backend(call, backend)
@@ -71,6 +78,8 @@ class Mixer:
             key = (backend, torch.is_grad_enabled(), call.longest <= MAX_T)
             impl = call.memo.get(key) or remember(call.memo, key, self._backend(call, backend))
         o, finals = impl.run(self.compiled, call)
+        if call.context_parallel is not None:
+            o = call.context_parallel.settle(o)
         return results(call, o, finals, output_final_state, self.compiled.signature)
 
     def _backend(self, call: Call, backend: str):

@@ -19,6 +19,8 @@ from .errors import ArgumentError
 from .frontend import syntax as S
 from .ir import graph as ir
 from .ir.lower import HIDDEN, canonical_fn
+from .parallel.slicing import layer_slice
+from .parallel.shard import check_group
 from .runtime import ops
 from .runtime.blocks import (
     SHIFT,
@@ -108,10 +110,16 @@ class Layer(LayerBase):
         y_t, state = layer.step(x_t, state)             # x_t [B, hidden]
 
     options override the section's `option` defaults, or the size of a dim that has a default (`M=32`).
+    context_parallel: a torch.distributed ProcessGroup whose ranks each pass a slice of the time axis of x
+    (docs/context_parallel.md): convolutions and token shifts see the previous ranks' last tokens.
     """
 
-    def __init__(self, spec: str | Path | Mixer, hidden_size: int, num_heads: int, *, backend: str = "auto", **options):
+    def __init__(self, spec: str | Path | Mixer, hidden_size: int, num_heads: int, *, backend: str = "auto", context_parallel=None,
+                 **options):  # fmt: skip
         super().__init__()
+        if context_parallel is not None:
+            check_group(context_parallel)
+        self.context_parallel = context_parallel
         self.mixer = spec if isinstance(spec, Mixer) else load(spec)
         graph = self.mixer.compiled.graph
         if graph.layer is None:
@@ -211,34 +219,47 @@ class Layer(LayerBase):
         return initial_value(_evaluate(p.init, env, lambda fn, a, b: draw(fn, a, b, shape))[0], shape)
 
     # -- running --
-    def _mix(self, x, state, cu, caches, offset, return_state):
-        inputs = self._inputs(x, state, cu, caches, offset)
+    def forward(self, x=None, state=None, cu_seqlens=None, return_state=False, *extra, **unknown):
+        """y = layer(x) (LayerBase.forward); under context parallelism x is this rank's slice of the time axis and
+        cu_seqlens the whole batch's packed offsets, the same on every rank."""
+        if self.context_parallel is None or extra or unknown:  # (LayerBase names a stray argument)
+            return super().forward(x, state, cu_seqlens, return_state, *extra, **unknown)
+        shard = layer_slice(self, x, state, cu_seqlens, return_state, self.context_parallel)
+        offset = torch.tensor(shard.before_piece, dtype=torch.int64, device=x.device)  # where each piece's rotation starts
+        y, _ = self._mix(x, None, shard.local_cu, {}, offset, False, shard)
+        return shard.settle(y)
+
+    def _mix(self, x, state, cu, caches, offset, return_state, shard=None):
+        inputs = self._inputs(x, state, cu, caches, offset, shard)
         mixer_params = {name: self.params[name] for name, p in self.info.params.items() if p.of_mixer}
         o, finals, *more = self.mixer(**inputs, **mixer_params, initial_state=None if state is None else state.mixer,
-                                      output_final_state=return_state, cu_seqlens=cu, backend=self.backend, **self._carry(state, offset, return_state))  # fmt: skip
+                                      output_final_state=return_state, cu_seqlens=cu if shard is None else None, backend=self.backend,
+                                      context_parallel=shard, **self._carry(state, offset, return_state))  # fmt: skip
         self._carried(more, caches, return_state)
         return self.o_proj(self._output(o, x)), finals
 
-    def _conv(self, name: str, x: torch.Tensor, state: LayerState | None, cu, caches: dict) -> torch.Tensor:
+    def _conv(self, name: str, x: torch.Tensor, state: LayerState | None, cu, caches: dict, shard=None) -> torch.Tensor:
         if name not in self.conv:
             return x
-        y, caches[name] = short_conv(self.conv[name], x, None if state is None else state.conv[name], cu)
+        cache = shard.cache(x, self.conv[name].kernel_size[0] - 1) if shard is not None else None if state is None else state.conv[name]
+        y, caches[name] = short_conv(self.conv[name], x, cache, cu)
         act = next(c.activation for c in self.info.convs if c.name == name)
         return y if act is None else ops.UNARY[act](y)
 
-    def _inputs(self, x: torch.Tensor, state: LayerState | None, cu, caches: dict, offset: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The mixer's per-token inputs [B, T, H, *dims]: projections, convolutions, maps in order, rotations."""
+    def _inputs(self, x: torch.Tensor, state: LayerState | None, cu, caches: dict, offset: torch.Tensor, shard=None) -> dict[str, torch.Tensor]:
+        """The mixer's per-token inputs [B, T, H, *dims]: projections, convolutions, maps in order, rotations (shard: a
+        context-parallel call's lamixer.parallel Shard, whose previous ranks' last tokens the convolutions see)."""
         B, T, H = x.shape[0], x.shape[1], self.num_heads
-        h = self._conv(HIDDEN, x, state, cu, caches)
+        h = self._conv(HIDDEN, x, state, cu, caches, shard)
         if self._fixed is None:  # the options' and dims' values, made once: a layer's sizes never change
             self._fixed = {**self._constants(), **{d: (_number(float(n)), ()) for d, n in self.sizes.items()}}
         env: dict[str, Value] = dict(self._fixed)
         for name, p in self.info.params.items():
             if not p.of_mixer:
                 env[name] = (self.params[name], p.dims)
-        mixes = self._shifted(h, state, cu, caches)
+        mixes = self._shifted(h, state, cu, caches, shard)
         for p in self.info.projs:
-            y = self._conv(p.name, self.proj[p.name](mixes.get(p.name, h)), state, cu, caches)
+            y = self._conv(p.name, self.proj[p.name](mixes.get(p.name, h)), state, cu, caches, shard)
             shape = [self.sizes[d] for d in p.dims]
             y = y.reshape(B, T, 1, *shape).expand(B, T, H, *shape) if p.shared else y.reshape(B, T, H, *shape)
             env[p.name] = (y, p.dims)
@@ -251,11 +272,12 @@ class Layer(LayerBase):
                 env[r.name] = (rotate(env[r.name][0], pos, float(self._count(r.base))), env[r.name][1])
         return {op.name: env[op.name][0] for op in self.mixer.compiled.graph.operands if op.kind == "input"}
 
-    def _shifted(self, h: torch.Tensor, state: LayerState | None, cu, caches: dict) -> dict[str, torch.Tensor]:
+    def _shifted(self, h: torch.Tensor, state: LayerState | None, cu, caches: dict, shard=None) -> dict[str, torch.Tensor]:
         """Each shifted projection's input: h + (h_{t-1} - h) * mix, mix = mu (+ tanh(h_mix A) B when low-rank)."""
         if not self.info.shifts:
             return {}
-        delta, caches[SHIFT] = token_shift(h, None if state is None else state.conv[SHIFT], cu)
+        cache = shard.cache(h, 1) if shard is not None else None if state is None else state.conv[SHIFT]
+        delta, caches[SHIFT] = token_shift(h, cache, cu)
         base = lerp(h, delta, self.shift_mu_x) if self.shift_mu_x is not None else None
         return {s.name: lerp(h, delta, self.shift_mu[s.name] + (self.shift_lora[s.name](base) if s.name in self.shift_lora else 0)) for s in self.info.shifts}
 

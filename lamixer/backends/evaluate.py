@@ -6,11 +6,14 @@ chunkwise scan (lamixer.runtime.scan), run as the classification says (never by 
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..ir.graph import CALL_CONSTANTS, VALUE_LEAVES
 from ..ir.graph import blocks as graph_blocks
 from ..ir.graph import stats as graph_stats
+from ..parallel import mixer as parallel
 from ..passes.classify import Scan
 from ..passes.kernel_plan import Form
 from ..passes.pipeline import Compiled
@@ -181,7 +184,8 @@ class _Evaluator:
                 if n not in self.env:  # a statistic only a direct operand needed
                     self.evaluate_up_to(n)
                 stats.append((self.env[n], self.nodes[n]["groups"]))
-        return extras(self.call, [self.windows.get(n) for n in self.prog.blocks], stats)
+        report = extras if self.call.context_parallel is None else parallel.extras  # (every sequence of the group's)
+        return report(self.call, [self.windows.get(n) for n in self.prog.blocks], stats)
 
     def evaluate_up_to(self, target: int) -> None:
         """Evaluate target and what it needs that is not evaluated yet."""
@@ -199,7 +203,8 @@ class _Evaluator:
 
     def stat(self, n: int) -> torch.Tensor:
         node = self.nodes[n]
-        return statistic(self.call, node["name"], node["fn"], self.full(node["args"][0]), node["groups"])
+        reduce = statistic if self.call.context_parallel is None else parallel.statistic  # over the group's ranks
+        return reduce(self.call, node["name"], node["fn"], self.full(node["args"][0]), node["groups"])
 
     def block_attention(self, n: int) -> torch.Tensor:
         q, k, v, scale = self.nodes[n]["args"]
@@ -213,7 +218,8 @@ class _Evaluator:
             x = call.inputs.get(self.nodes[n]["name"]) if self.nodes[n]["op"] == "input" else None
             return x if x is not None and x.dtype == dtype and x.dim() == 4 else self.full(n)
 
-        o, self.windows[n] = block_attention(call, self.prog.blocks[n], operand(q), operand(k), operand(v), self.env[scale] if number is None else number,
+        attend = block_attention if call.context_parallel is None else parallel.block_attention
+        o, self.windows[n] = attend(call, self.prog.blocks[n], operand(q), operand(k), operand(v), self.env[scale] if number is None else number,
                                              size, dtype)  # fmt: skip
         return o.to(call.compute_dtype)
 
@@ -254,6 +260,8 @@ class _Evaluator:
         group, scans = self.prog.groups[state]
         s = scans[0]
         impl, normaliser = self.scan_impl[group.states] if isinstance(self.scan_impl, dict) else (self.scan_impl, False)
+        if self.call.context_parallel is not None:  # a slice of the time axis: composed with the other ranks' slices
+            impl = functools.partial(parallel.scan, impl, self.call.context_parallel)
         if not s.plain:
             self.substeps(group, s, impl)
             return

@@ -98,8 +98,9 @@ def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None
         choices = remember(call.memo, key, _choices(compiled, call, interpreted, configs))
     scans, direct, prog, chunked = choices
     # fused: chunked scans with per-token work around them (with none, torch.compile's dispatch only adds host time);
-    # the autotuner times kernels unfused
-    return fuse.run(_evaluate, compiled.name, call, compiled, scans, direct, prog, when=chunked and not configs and prog.per_token_work)
+    # the autotuner times kernels unfused, and a context-parallel call's collectives stay outside a compiled graph
+    fused = chunked and not configs and prog.per_token_work and call.context_parallel is None
+    return fuse.run(_evaluate, compiled.name, call, compiled, scans, direct, prog, when=fused)
 
 
 def _evaluate(call: Call, compiled: Compiled, scans, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -87,6 +87,9 @@ class Call:
     window: carry.Window | None = None
     output_stats: bool = False
     output_window: bool = False
+    # context parallelism: the lamixer.parallel Shard saying where this rank's slice of the time axis lies (None: the
+    # call holds whole sequences)
+    context_parallel: object | None = None
 
 
 def _shape(dims) -> str:
