@@ -17,6 +17,8 @@ EXPECTED = {  # name: (update rule, composition, per-state (decay, reads))
     "gsa": ("slot-softmax", "chained", [("value", ["after update"]), ("key", ["after update"])]),
     "lln": ("additive", "parallel", [("none", ["after update"]), ("none", ["after update"])]),
     "mamba2": ("additive", "single", [("scalar", ["after update"])]),
+    "rwkv7": ("delta", "single", [("key", ["after write 2"])]),
+    "gated_deltaproduct": ("delta", "single", [("scalar", ["after write 2"])]),
 }
 
 

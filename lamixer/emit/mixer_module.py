@@ -175,6 +175,9 @@ class MixerWriter:
         s = scans[0]
         fused = " (one scan, values side by side)" if len(group.states) > 1 else ""
         self.lines.append(f"# scan {' + '.join(group.states)}{fused}: {s.describe()}, chunk {group.chunk}")
+        if not s.plain:
+            self.substeps(s, group.decay.kind, group.chunk, index)
+            return
 
         def operand(n: int | None) -> str:
             return "None" if n is None else self.tensor(self.env[n])
@@ -205,6 +208,42 @@ class MixerWriter:
             ")",
         ]
         self.done.update(group.states)
+
+    def substeps(self, s, decay: str, chunk: int, index: int) -> None:
+        """One substep_scan call (lamixer.runtime.substeps): a scan whose token update is several writes, or one no
+        kernel runs; a vector state runs as a one-column matrix, as the torch backend runs it."""
+        self.m.use(self.m.runtime + ".substeps", "substep_scan")
+
+        def operand(n: int | None) -> str:
+            return "None" if n is None else self.tensor(self.env[n])
+
+        names = []
+        for r in s.reads:
+            name = self.spec_names.get(r.node) or self.names.claim(f"{s.state}_read")
+            self.env[r.node] = _Value(name, False, ("B", "T", "H"))
+            names.append(name)
+        one = "torch.ones((1, 1, 1, 1), dtype=dtype, device=device)"
+        value = (lambda w: one) if s.value_dim is None else (lambda w: operand(w.value))
+        writes = [f"({operand(w.key)}, {value(w)}, {operand(w.erase)}, {operand(w.log_decay)}, {w.erase_before_decay})" for w in s.writes]
+        h0 = f"call.initial_state[{src.text(s.state)}]"
+        axis = -1 if s.value_dim is None else -2 if s.key_dim is None else None
+        state = self.states[s.state]
+        self.lines += [
+            f"[{', '.join(names)}], {state} = substep_scan(",
+            f"    scan[{index}][0], ({self.B}, {self.T}, {self.H}),",
+            f"    writes=[{', '.join(writes)}],  # (key, value, erase, log decay, erase before decay) per write, in order",
+            f"    decay={src.text(decay)},",
+            f"    reads=[{', '.join(f'({operand(r.query)}, {r.step}, {src.text(r.position)})' for r in s.reads)}],",
+            f"    h0={h0 if axis is None else f'{h0}.unsqueeze({axis})'},",
+            "    cu_seqlens=call.cu_seqlens,",
+            f"    chunk={chunk},",
+            ")",
+        ]
+        if axis is not None:
+            self.lines.append(f"{state} = {state}.squeeze({axis})")
+        if s.value_dim is None:
+            self.lines += [f"{name} = {name}.squeeze(-1)" for name in names]
+        self.done.add(s.state)
 
     def forward(self) -> list[str]:
         """The body of forward(call, scan)."""

@@ -236,7 +236,7 @@ class _Lowerer:
             is_input = isinstance(st, S.InputDecl)
             kind = "input" if is_input else "param"
             self.define(st.name, f"an {kind}" if is_input else "a param", st.loc)
-            self.check_shape(st.shape, allow_head=not is_input, max_dims=1, what=f"{kind} '{st.name}'", loc=st.loc)
+            self.check_shape(st.shape, allow_head=not is_input, max_dims=1 if is_input else 2, what=f"{kind} '{st.name}'", loc=st.loc)
             per_head = bool(st.shape.dims) and st.shape.dims[0] == ir.HEAD_DIM
             dims = st.shape.dims[1:] if per_head else st.shape.dims
             domain = st.domain if is_input else (float("-inf"), float("inf"))

@@ -90,12 +90,12 @@ def report(c: Compiled) -> list[str]:
     for s in cls.scans:
         lines.append(f"  state {s.state}[{s.key_dim}{', ' + s.value_dim if s.value_dim else ''}]: {s.describe()}")
         for r in s.reads:
-            lines.append(f"    read {expr(g, r.query)} @ {s.state} ({r.when})")
-        lines.append(f"    write key {expr(g, s.write_key)}" + (f", value {expr(g, s.write_value)}" if s.write_value is not None else ""))
-        if s.erase_key is not None:
-            lines.append(f"    delta correction: the value is b + c @ {s.state} with c = {expr(g, s.erase_key)}")
-        if s.log_decay is not None:
-            lines.append(f"    log decay {expr(g, s.log_decay)}")
+            lines.append(f"    read {s.state + ' whole' if r.query is None else f'{expr(g, r.query)} @ {s.state}'} ({r.when})")
+        if len(s.writes) == 1:
+            lines.extend(_write(g, s, s.writes[0], "    "))
+        for i, w in enumerate(s.writes if len(s.writes) > 1 else ()):
+            lines.append(f"    sub-step {i + 1}:")
+            lines.extend(_write(g, s, w, "      "))
     if cls.denominators:
         lines.append(f"  normalization: divides by reads of {', '.join(cls.denominators)}")
     for n in cls.stats:
@@ -113,6 +113,18 @@ def report(c: Compiled) -> list[str]:
     return lines
 
 
+def _write(g, s, w, indent: str) -> list[str]:
+    """One write of a state's token update, with the decays just above it."""
+    key = "1" if w.key is None else expr(g, w.key)
+    lines = [f"{indent}write key {key}" + (f", value {expr(g, w.value)}" if w.value is not None else "")]
+    if w.erase is not None:
+        seen = "before its decay" if w.erase_before_decay else "as the write finds it"
+        lines.append(f"{indent}delta correction: the value is b + c @ {s.state} ({seen}) with c = {expr(g, w.erase)}")
+    if w.log_decay is not None:
+        lines.append(f"{indent}log decay {expr(g, w.log_decay)}")
+    return lines
+
+
 def _kernels(c: Compiled) -> list[str]:
     """Which generated kernels the triton backend runs for each scan group (the kernel plan's), or why it cannot."""
     groups = c.plan.groups
@@ -126,7 +138,7 @@ def _kernels(c: Compiled) -> list[str]:
             if g.normaliser is not None:
                 lines.append(f"    {g.normaliser}: carried by these kernels as their normaliser (its own [K] state; reads: score rows summed)")
     if any(g.decode is None for g in groups):
-        return lines + (["recurrent kernel: none (a scan without reads)"] if groups else [])
+        return lines + (["recurrent kernel: none (" + "; ".join(missing or ["a scan without reads"]) + ")"] if groups else [])
     lines.append(f"recurrent kernel (inference, sequences of at most {MAX_T} tokens):")
     lines.extend(f"  scan {' + '.join(g.states)}: {g.decode.module}_float32_kernel" for g in groups)
     return lines
@@ -157,6 +169,7 @@ def plan_json(c: Compiled) -> dict:
             "normaliser": g.normaliser, "key_dim": g.key_dim, "value_dims": list(g.value_dims), "finished": finished,
             "kernels": {"train": _kernels_json(g.train), "decode": _kernels_json(g.decode)},
             "config_key": g.train.module if g.train else None, "torch_chunk": g.chunk, "missing": list(g.missing),
+            "substeps": [step.as_dict() for step in g.substeps], "read_steps": list(g.read_steps),
         })  # fmt: skip
     return {"spec": c.name, "title": c.graph.title, "scans": scans}
 
