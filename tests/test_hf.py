@@ -45,9 +45,10 @@ CASES = {
     "mamba2": ("mamba2", {}),
     "text": (SPEC_TEXT, {}),
     "hybrid": ("gated_deltanet", {"attn_layers": [1], "attn_num_heads": 4, "attn_num_kv_heads": 2}),
-    "lln": ("lln", {}),  # whole-input statistics: no state, so no cache
+    "lln": ("lln", {}),  # running statistics (eval mode: the estimates) and block attention's window in the cache
+    "lln_whole": ("lln", {"layer_options": {"running_stats": 0}}),  # whole-input statistics: no state, so no cache
 }
-STATEFUL = [c for c in CASES if c != "lln"]
+STATEFUL = [c for c in CASES if c != "lln_whole"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -63,7 +64,8 @@ def make_config(case: str, **overrides) -> "hf.LamixerConfig":
     spec, extra = CASES[case]
     # large weights around the mixers: every output then depends strongly on its context, and greedy choices are clear
     kwargs = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_heads=HEADS, num_layers=2, intermediate_size=64, layer_options=SMALL.get(spec, {}),
-                  backend="torch", pad_token_id=0, initializer_range=0.5, **extra)  # fmt: skip
+                  backend="torch", pad_token_id=0, initializer_range=0.5)  # fmt: skip
+    kwargs.update(extra)
     return hf.LamixerConfig(spec=spec, **{**kwargs, **overrides})
 
 
@@ -190,7 +192,7 @@ def test_padded_gradients_stay_finite():
 
 
 def test_whole_sequence_spec_pads_and_generates_without_a_cache():
-    model = make_model("lln")
+    model = make_model("lln_whole")
     ids, mask = left_padded([2, 0], 7)
     out = model(ids, attention_mask=mask)
     assert cache_of(out) is None and rel(out.logits[0, 2:], model(ids[:1, 2:]).logits[0]) < 1e-9
@@ -200,7 +202,7 @@ def test_whole_sequence_spec_pads_and_generates_without_a_cache():
 
 
 # ---- decoding ----
-@pytest.mark.parametrize("case", ["gated_deltanet", "retnet", "mamba2", "text", "hybrid"])
+@pytest.mark.parametrize("case", ["gated_deltanet", "retnet", "mamba2", "text", "hybrid", "lln"])
 def test_greedy_generate_equals_full_forward(case):
     model = make_model(case)
     ids, mask = left_padded([2, 0, 4], 7)

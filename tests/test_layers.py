@@ -17,9 +17,10 @@ SMALL = {"gated_deltanet": {"head_dim": 8}, "gsa": {"M": 4}, "mamba2": {"d_state
 SPECS = lamixer.shipped_specs()
 
 
-def make(name: str, dtype=torch.float64, seed: int = 0) -> lamixer.Layer:
+def make(name: str, dtype=torch.float64, seed: int = 0, **options) -> lamixer.Layer:
+    """In eval mode: a layer with running statistics (lln) then uses its estimates, as decoding does."""
     torch.manual_seed(seed)
-    return lamixer.Layer(name, HIDDEN, HEADS, **SMALL.get(name, {})).to(dtype)
+    return lamixer.Layer(name, HIDDEN, HEADS, **SMALL.get(name, {}), **options).to(dtype).eval()
 
 
 def stateful(name: str) -> bool:
@@ -56,9 +57,10 @@ def test_prompt_then_step_equals_whole_sequence(name):
     assert rel(torch.cat(outs, 1), whole) < 1e-6
 
 
-@pytest.mark.parametrize("name", [s for s in SPECS if not stateful(s)])
+# lln with whole-input statistics (running_stats=0), as every spec with a statistic the layer keeps no estimate of
+@pytest.mark.parametrize("name", [s for s in SPECS if not stateful(s)] + ["lln"])
 def test_whole_input_specs_refuse_state(name):
-    layer = make(name)
+    layer = make(name, running_stats=0) if name == "lln" else make(name)
     x = torch.randn(1, 4, HIDDEN, dtype=torch.float64)
     with pytest.raises(lamixer.LamixerError, match="whole sequences"):
         layer.step(x[:, 0])
@@ -66,7 +68,6 @@ def test_whole_input_specs_refuse_state(name):
         layer(x, return_state=True)
 
 
-# (lln's ungrouped statistics span every packed sequence, as they span every batch row: by design)
 @pytest.mark.parametrize("name", [s for s in SPECS if stateful(s)])
 def test_packed_sequences_equal_separate_runs(name):
     layer = make(name)
@@ -299,4 +300,4 @@ def test_a_decoder_steps_as_layer_step_does(name, backend):
     with pytest.raises(lamixer.ArgumentError, match="batch"):
         layer.decoder(0)
     with pytest.raises(lamixer.LamixerError, match="whole sequences"):
-        make("lln", torch.float32).decoder(1)
+        make("lln", torch.float32, running_stats=0).decoder(1)

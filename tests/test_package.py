@@ -111,6 +111,7 @@ def _run(tmp_path_factory):
                 mixers[f"{name}|{label}|{layout}"] = {**case, "module": module, "function": name, "backend": "torch"}
         torch.manual_seed(0)
         layer = lamixer.Layer(name, 16, 2, **SMALL.get(name, {})).double()
+        initial = {k: v.clone() for k, v in layer.state_dict().items()}  # before training-mode calls move running estimates
         gen = torch.Generator().manual_seed(i)
         x, x_packed, x_t = (torch.randn(*shape, generator=gen, dtype=torch.float64) for shape in ((2, 9, 16), (1, 12, 16), (2, 16)))
         cu = torch.tensor([0, 5, 12])
@@ -118,7 +119,7 @@ def _run(tmp_path_factory):
         if layer.stateful:
             ref["y_step"] = layer.step(x_t, layer(x, return_state=True)[1])[0]
         refs[name, "layer"] = {k: v.detach() for k, v in ref.items()}
-        layers[name] = {"module": pkg, "options": SMALL.get(name, {}), "state_dict": layer.state_dict(), "x": x, "x_packed": x_packed,
+        layers[name] = {"module": pkg, "options": SMALL.get(name, {}), "state_dict": initial, "x": x, "x_packed": x_packed,
                         "x_t": x_t, "cu_seqlens": cu}  # fmt: skip
     # the Triton paths: float32 kernels (the interpreter on the CPU), against lamixer's triton backend and the interpreter
     for name, grad in TRITON_CASES:

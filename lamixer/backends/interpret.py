@@ -158,7 +158,7 @@ def run(compiled: Compiled, call: Call) -> tuple[torch.Tensor, list[torch.Tensor
     o, last = torch.cat(outs, 1), [torch.cat(finals[name], 0) for name in names]
     if not (call.output_window or call.output_stats):
         return o, last
-    window = [(torch.cat([w[0] for w in windows[n]]), torch.cat([w[1] for w in windows[n]])) for n in blocks]
+    window = [(torch.cat([w[0] for w in windows[n]]), torch.cat([w[1] for w in windows[n]])) for n in blocks] if call.output_window else []
     return o, last + carry.extras(call, window, []) + ([_reported(call, stats[n], g.node(n)["groups"]) for n, _ in ir.stats(g)] if call.output_stats else [])
 
 

@@ -11,7 +11,10 @@ tensor's dtype.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..frontend import syntax as S
+from ..ir import graph as ir
 from ..ir.graph import broadcast
 from ..ir.lower import HIDDEN, canonical_fn
 from ..passes.pipeline import Compiled
@@ -120,9 +123,9 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
         elif dims[d] != options[d]:
             body.append(f"{dims[d]} = {options[d]}")
     body.append(f"self.sizes = {{{', '.join(f'{src.text(d)}: {dims[d]}' for d in g.dims)}}}")
-    stateful = g.carries_state()
-    body += [
-        f"self.stateful = {stateful}{'' if stateful else '  # whole-input statistics or block attention: whole sequences only'}",
+    running = _running(g, info, options, init)
+    body += running.lines + [
+        f"self.stateful = {running.stateful}{'' if running.stateful != 'False' else '  # whole-input statistics: whole sequences only'}",
         f"self.state_dims = ({''.join(src.names(s.dims) + ', ' for s in g.states.values()).rstrip(' ')})",
         f"self.shifted = {bool(info.shifts)}",
     ]
@@ -178,6 +181,10 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
             post.append(f"norm_module({n}, {src.text(p.fn)}),")
     body += ["self.post = nn.ModuleList([", *("    " + line for line in post), "])"] if post else ["self.post = nn.ModuleList()"]
     body.append(f"self.o_proj = nn.Linear({value_width}, {hidden}, bias=False)")
+    if running.module:
+        for name in ("RunningStats", "momentum_value"):
+            m.use(runtime + ".running", name)
+        body += [f"if {running.on}:", f"    self.stats = RunningStats({running.module}, {H}, {running.momentum})  # running estimates, last"]
     operands = {op.name: op for op in g.operands}
     for r in info.rotary:
         m.use(runtime + ".blocks", "check_rotary")
@@ -209,6 +216,44 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
     ]
     m.write(*lines)
     return m.text()
+
+
+@dataclass
+class _Running:
+    """How the layer's __init__ spells its running statistics (runtime/running.py) and block attention's windows."""
+
+    lines: list[str]  # what sets running_stats, stat_batches and windows
+    stateful: str  # the expression of self.stateful
+    on: str = "False"  # whether it keeps running estimates
+    module: str = ""  # RunningStats' first argument, when it may keep them
+    momentum: str = ""
+
+
+def _running(g, info, options: dict[str, str], init: Names) -> _Running:
+    stats = {d["name"]: d for _, d in ir.stats(g)}
+    running = info.running
+    names = tuple(n for n in running.stats if n in stats) if running is not None else ()
+    out = _Running([], "True" if not stats else "False")
+    if names:
+        out.on = init.claim("running")
+        switch = "True" if running.switch is None else f"{options[running.switch]} != 0"
+        m = running.momentum
+        out.momentum = f"momentum_value({options[m]}, {src.text(m)})" if isinstance(m, str) else f"momentum_value({src.number(m)}, None)"
+        out.module = "{" + ", ".join(f"{src.text(n)}: ({src.text(stats[n]['fn'])}, {'head' in stats[n]['groups']})" for n in names) + "}"
+        batches = "{" + ", ".join(f"{src.text(n)}: {'batch' in stats[n]['groups']}" for n in names) + "}"
+        out.lines += [f"{out.on} = {switch}  # running estimates of the statistics (else each call's whole input's)",
+                      f"self.running_stats = {src.names(names)} if {out.on} else ()",
+                      f"self.stat_batches = {batches} if {out.on} else {{}}"]  # fmt: skip
+        if set(stats) <= set(names):
+            out.stateful = out.on
+    blocks = [d for _, d in ir.blocks(g)]
+    if blocks:
+        def dim(d: int | str) -> str:
+            return str(d) if isinstance(d, int) else f"self.sizes[{src.text(d)}]"
+
+        sizes = [f"({dim(d['size'])}, {dim(g.dims_of(d['args'][1])[0])}, {dim(g.dims_of(d['args'][2])[0])})" for d in blocks]
+        out.lines.append(f"self.windows = ({', '.join(sizes)},)  # each block attention's (size, key dim, value dim)")
+    return out
 
 
 def _option_number(x: float) -> str:
@@ -303,13 +348,18 @@ def _mix(compiled: Compiled, m: Module, runtime: str, mixer_function: str) -> li
             base_ = f"{float(r.base)!r}" if isinstance(r.base, int) else f"float(whole(self.options[{src.text(r.base)}], {src.text(f'option {r.base!r}')}, {src.text(r.base)}))"
             body.append(f"{inputs[r.name]} = rotate({inputs[r.name]}, {pos}, {base_})")
     o, finals = names.claim("o"), names.claim("finals")
+    carries = bool(compiled.signature.stats or compiled.signature.blocks)  # runtime/carry.py
+    more = names.claim("more") if carries else ""
     args = [inputs[op.name] if op.kind == "input" else f"self.params[{src.text(op.name)}]" for op in g.operands]
     body += [
-        f"{o}, {finals} = {mixer_function}(",
+        f"{o}, {finals}{', *' + more if carries else ''} = {mixer_function}(",
         f"    {', '.join(args)},",
         f"    initial_state=None if {state} is None else {state}.mixer, output_final_state={ret}, cu_seqlens={cu}, backend=self.backend,",
+        *([f"    **self._carry({state}, {offset}, {ret}),  # running statistics, block attention's window"] if carries else []),
         f")  # {src.shape(('B', 'T', 'H'), g.dims_of(g.output))}",
     ]
+    if carries:
+        body.append(f"self._carried({more}, {caches}, {ret})")
     for i, p in enumerate(info.post):
         if p.kind == "gate":
             m.use(runtime + ".blocks", "output_gate")

@@ -23,10 +23,11 @@ from . import source as src
 from .source import Module, Names
 
 _NUMBERS = ("const", "dim", "scale")
-CALL_ARGUMENTS = ("scale", "initial_state", "output_final_state", "cu_seqlens", "backend")
+CALL_ARGUMENTS = ("scale", "initial_state", "output_final_state", "cu_seqlens", "backend", "stats", "window", "output_stats", "output_window")
 # module-level names of a mixer module, which no spec name may take
 MODULE_NAMES = ("SIGNATURE", "BACKENDS", "BINDINGS", "TRITON_MISSING", "forward", "default_scale", "torch", "F", "ops", "Operand", "Signature",
                 "bind", "check", "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "attention_dtype", "torch_scan", "scans", "fuse",
+                "statistic", "extras", "attach",
                 # and what the package's __init__ exports beside the mixer, or its submodules
                 "Layer", "LayerState", "ArgumentError", "LamixerError", "mixer", "layer", "runtime", "kernels")  # fmt: skip
 
@@ -65,6 +66,9 @@ class MixerWriter:
         self.scale = self.names.claim("scale")
         self.env: dict[int, _Value] = {}
         self.lines: list[str] = []
+        # what a call may carry besides the states (runtime/carry.py): each statistic (its value, groups), each window
+        self.carried_stats: list[tuple[str, tuple[str, ...]]] = []
+        self.carried_windows: list[str] = []
 
     # ---- values ----
     def tensor(self, v: _Value) -> str:
@@ -151,20 +155,26 @@ class MixerWriter:
 
     def stat(self, n: int) -> None:
         d = self.nodes[n]
-        self.m.use(self.m.runtime + ".scan", "stat")
+        self.m.use(self.m.runtime + ".carry", "statistic")
         lead = ("B" if "batch" in d["groups"] else "1", "1", "H" if "head" in d["groups"] else "1")
         scope = f"per {', '.join(d['groups'])}" if d["groups"] else "over the whole input"
-        self.assign(n, f"stat({src.text(d['fn'])}, {self.full(d['args'][0])}, {src.names(d['groups'])}, call.cu_seqlens)", lead,
-                    f"{d['fn']} {scope}, stop-gradient")  # fmt: skip
+        self.assign(n, f"statistic(call, {src.text(d['name'])}, {src.text(d['fn'])}, {self.full(d['args'][0])}, {src.names(d['groups'])})", lead,
+                    f"{d['fn']} {scope} unless given, stop-gradient")  # fmt: skip
+        self.carried_stats.append((self.env[n].code, d["groups"]))
 
     def block_attention(self, n: int) -> None:
         d = self.nodes[n]
-        self.m.use(self.m.runtime + ".scan", "block_attention")
+        self.m.use(self.m.runtime + ".carry", "block_attention")
         self.m.use(self.m.runtime + ".scan", "attention_dtype")
         q, k, v, scale = d["args"]
         size = str(d["size"]) if isinstance(d["size"], int) else self.dims[d["size"]]
         args = ", ".join([self.full(q), self.full(k), self.full(v), self.env[scale].code, size])
-        self.assign(n, f"block_attention({args}, call.cu_seqlens, attention_dtype(call))", ("B", "T", "H"), f"causal softmax attention in blocks of {d['size']}")
+        index = len(self.carried_windows)
+        name, window = self.spec_names.get(n) or self.names.claim(f"t{n}"), self.names.claim(f"window{index}")
+        self.lines.append(f"{name}, {window} = {self.m.uses(f'block_attention(call, {index}, {args}, attention_dtype(call))')}"
+                          f"  # {src.shape(('B', 'T', 'H'), d['dims'])}: causal softmax attention in blocks of {d['size']}; the window after it, if asked")  # fmt: skip
+        self.env[n] = _Value(name, False, ("B", "T", "H"))
+        self.carried_windows.append(window)
 
     def scan(self, state: str) -> None:
         """One scan_group call: the plan's scan group of `state` (several states: values side by side)."""
@@ -274,7 +284,12 @@ class MixerWriter:
         uses_device = any("device=device" in line for line in self.lines)
         head.append("dtype, device = call.compute_dtype, call.device" if uses_device else "dtype = call.compute_dtype")
         # o in the caller's dtype here, where torch.compile fuses the cast into the last per-token kernel
-        return head + self.lines + [f"return {o}.to(call.out_dtype), [{', '.join(self.states[s] for s in self.g.states)}]"]
+        finals = f"[{', '.join(self.states[s] for s in self.g.states)}]"
+        if self.carried_stats or self.carried_windows:
+            self.m.use(self.m.runtime + ".carry", "extras")
+            stats = ", ".join(f"({code}, {src.names(groups)})" for code, groups in self.carried_stats)
+            finals += f" + extras(call, [{', '.join(self.carried_windows)}], [{stats}])"
+        return head + self.lines + [f"return {o}.to(call.out_dtype), {finals}"]
 
 
 def default_scale(compiled: Compiled, module: Module) -> list[str]:
@@ -308,6 +323,11 @@ def _operand(op: Operand) -> str:
     return f"Operand({src.text(op.name)}, {src.text(op.kind)}, {src.names(op.dims)}, {op.per_head}{domain})"
 
 
+def _size(size: int | str) -> str:
+    """A block attention's size as a literal: a number, or a dim's name."""
+    return src.text(size) if isinstance(size, str) else str(size)
+
+
 def _layout(dims, per_head=False, lead=("B", "T", "H")) -> str:
     return src.shape(lead if lead else (("H",) if per_head else ()), dims)
 
@@ -339,8 +359,12 @@ is its kernel plan written out: the per-token work one line per node, each scan 
     args = {op.name: params.claim(op.name) for op in g.operands}
     operands = "".join(f"\n        {_operand(op)}," for op in compiled.signature.operands)
     states = "".join(f"\n        ({src.text(n)}, {src.names(s.dims)})," for n, s in g.states.items())
+    sig = compiled.signature
+    carries = bool(sig.stats or sig.blocks)  # given statistics, block attention's window (runtime/carry.py)
+    carried = ([f"    stats=({''.join(f'({src.text(n)}, {src.names(gr)}), ' for n, gr in sig.stats).rstrip(' ')}),"] if sig.stats else []) + \
+        ([f"    blocks=({''.join(f'({_size(b[0])}, {src.text(b[1])}, {src.text(b[2])}), ' for b in sig.blocks).rstrip(' ')}),"] if sig.blocks else [])
     m.write("SIGNATURE = Signature(", f"    {src.text(g.name)},", f"    operands=({operands}\n    ),", f"    states=({states}\n    ),",
-            f"    uses_scale={g.uses_scale},", ")", 'BACKENDS = ("auto", "torch", "triton")',
+            f"    uses_scale={g.uses_scale},", *carried, ")", 'BACKENDS = ("auto", "torch", "triton")',
             "BINDINGS: dict = {}  # what the checks of earlier calls found, per call signature (runtime/call.py: bind)")  # fmt: skip
     if not has_kernels:
         m.write(f"TRITON_MISSING = ({''.join(src.text(r) + ', ' for r in triton_missing).rstrip(' ')})  # why the torch fallback runs every call")
@@ -364,12 +388,16 @@ is its kernel plan written out: the per-token work one line per node, each scan 
     lines = [
         "",
         "",
-        f'def {fn}({signature}, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto"):',
+        f'def {fn}({signature}, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto"'
+        f'{", stats=None, window=None, output_stats=False, output_window=False" if carries else ""}):',
         f'    """{call_doc}\n    """',
         "    check_flags(backend, BACKENDS, output_final_state)",
         f"    call = bind(SIGNATURE, BINDINGS, ({', '.join(args.values())}{',' if len(args) == 1 else ''}), {{}}, scale, initial_state, cu_seqlens, None,",
         f"                lambda: check(SIGNATURE, {{{', '.join(f'{src.text(n)}: {a}' for n, a in args.items())}}}, scale, initial_state, cu_seqlens, default_scale))",
     ]
+    if carries:
+        m.use(runtime + ".carry", "attach")
+        lines.append("    call = attach(SIGNATURE, call, stats, window, output_stats, output_window)")
     if not has_kernels:
         lines += ["    pick_backend(SIGNATURE.name, backend, call, list(TRITON_MISSING))  # refuses backend=\"triton\"",
                   f"    o, finals = forward(call, [(torch_scan, False)] * {len(compiled.plan.groups)})"]  # fmt: skip
@@ -383,7 +411,7 @@ is its kernel plan written out: the per-token work one line per node, each scan 
             "        chunked = scans.chunked(scan)",
             "    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work",
         ]
-    lines += ["    return results(call, o, finals, output_final_state)", "", ""]
+    lines += ["    return results(call, o, finals, output_final_state, SIGNATURE)" if carries else "    return results(call, o, finals, output_final_state)", "", ""]
     lines += ["def default_scale(sizes):", f'    """The scale when the call gives none: {scale_text}, for the call\'s dim sizes."""']
     lines += ["    " + line for line in default_scale(compiled, m)]
     lines += ["", "", "def forward(call, scan):",
