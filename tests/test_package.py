@@ -414,6 +414,8 @@ def test_a_package_checks_domains_and_decay_factors_as_lamixer_does(tmp_path):
         signature = sys.modules[pkg.__name__ + ".mixer"].SIGNATURE
         assert [(op.name, op.domain) for op in signature.operands] == [(op.name, op.domain) for op in m.compiled.signature.operands]
         assert signature.operands[3].domain == (-float("inf"), 0.0)
+        readme = (tmp_path / "checked" / "README.md").read_text()
+        assert "(`g` in (-inf, 0))" in readme and "decay factor whose log the scans take is checked positive" in readme
         tensors, _ = random_call(m, B=1, T=5, H=2, size=3)
         tensors["a"] = torch.rand_like(tensors["a"]) / 2
         assert torch.allclose(pkg.checked(*tensors.values(), backend="torch")[0], m(**tensors, backend="torch")[0], rtol=1e-12, atol=0)

@@ -18,6 +18,7 @@ so DIR itself becomes a package (DIR/__init__.py) whose subpackages import them 
 from __future__ import annotations
 
 import keyword
+import math
 import sys
 from importlib import resources
 
@@ -117,6 +118,20 @@ def _init(c: Compiled, function: str, up: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _value_checks(c: Compiled) -> list[str]:
+    """The README's word on the checks of a call's values, as lamixer makes them (runtime/call.py, runtime/ops.py)."""
+    domains = [f"`{op.name}` in ({op.domain[0]:g}, {op.domain[1]:g})" for op in c.signature.operands
+               if op.domain != (-math.inf, math.inf)]  # fmt: skip
+    lines = []
+    if domains:
+        lines.append(f"  Inputs are checked to lie in their declared domains ({', '.join(domains)}): on the CPU always, on a GPU with"
+                     " `LAMIXER_CHECK_DOMAINS=1` (a device-side assertion; `0` turns the check off everywhere).")  # fmt: skip
+    if any("decay_of" in d for d in c.plan.nodes.values()):
+        lines.append("  A decay factor whose log the scans take is checked positive on every call: an `ArgumentError` naming the state"
+                     " and the spec line on the CPU, a device-side assertion on a GPU.")  # fmt: skip
+    return lines
+
+
 def _readme(c: Compiled, pkg: str, function: str, configs, missing: list[str], shared: bool) -> str:
     g = c.graph
     where = "../" if shared else ""
@@ -157,6 +172,7 @@ def _readme(c: Compiled, pkg: str, function: str, configs, missing: list[str], s
         f"  `scale` defaults to `{default_scale_text(c)}`. `backend`: `\"auto\"` runs the Triton kernels on CUDA when they can"
         " run the call, else torch; `\"torch\"` or `\"triton\"` insist. Every bad argument raises an `ArgumentError` naming it.",
     ]
+    lines += _value_checks(c)
     if g.layer is not None:
         lines += [
             "- `Layer`: the spec's layer section, as `lamixer.Layer` builds it: the same modules under the same names (state dicts load",
