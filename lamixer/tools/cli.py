@@ -392,8 +392,8 @@ def autotune(spec: str, batch: int, length: int, heads: int, size: int, dtype: s
               help="The layout --peer takes its per-token inputs and returns its output in: bthd, lamixer's [B, T, H, D] (the "
                    "default), or bhtd, head first.")  # fmt: skip
 @click.option("--peer-tolerance", type=click.FloatRange(min=0, min_open=True), default=5e-2, show_default=True,
-              help="The largest relative error (output or a gradient, bf16) at which --peer still counts as computing what the "
-                   "spec does.")  # fmt: skip
+              help="The largest relative error against lamixer (output or a gradient, bf16) at which a peer (--peer, or FLA's) "
+                   "still counts as computing what the spec does, and is timed.")  # fmt: skip
 @click.option("--lengths", type=PositiveInts(), default="2048,4096,8192,16384", show_default=True, help="Sequence lengths, comma-separated (B*T = 32768).")
 @click.option("--decode/--no-decode", default=True, show_default=True, help="Also time a one-token decode step at B = 1, 64, 256.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Save a plot of time against T.")
