@@ -202,9 +202,10 @@ def test_bench_checks_a_peer_from_a_file_then_times_it(cpu_bench, tmp_path, monk
     spec = tmp_path / "my_gla.lam"
     spec.write_text(lamixer.api.shipped_source("gla").replace("mixer gla ", "mixer my_gla "))
     (tmp_path / "naive.py").write_text(NAIVE_PEER)
+    (tmp_path / "mapping.json").write_text(json.dumps({"args": ["q", "k", "v", "g"], "layout": "bhtd"}))  # as competitors.json writes one
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the command runs; bench.DEVICE keeps it on the CPU
     code, out = run("bench", str(spec), "--vs", "sdpa", "--lengths", "16", "--no-decode", "--out", str(tmp_path / "res"),
-                    "--peer", f"{tmp_path / 'naive.py'}:naive_gla", "--peer-layout", "bhtd")  # fmt: skip
+                    "--peer", f"{tmp_path / 'naive.py'}:naive_gla", "--peer-args", str(tmp_path / "mapping.json"), "--peer-layout", "bhtd")  # fmt: skip
     assert code == 0, out
     res = json.loads((tmp_path / "res" / "bench_my_gla.json").read_text())
     ours, theirs = res["rows"][:2]

@@ -82,6 +82,9 @@ def _module(where: str):
         sys.path.insert(0, str(path.resolve().parent))  # its own imports find the modules beside it, as `python FILE` would
         try:
             spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]  # half imported: a later attempt starts afresh
+            raise
         finally:
             sys.path.remove(str(path.resolve().parent))
         return module
@@ -89,7 +92,7 @@ def _module(where: str):
         raise
     except ModuleNotFoundError as e:
         raise ArgumentError("peer", f"cannot import {where}: {e}") from None
-    except Exception as e:  # the peer's own code failed while importing: say what it raised, in one line
+    except (Exception, SystemExit) as e:  # the peer's own code failed while importing: say what it raised, in one line
         raise ArgumentError("peer", f"importing {where} raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
@@ -102,7 +105,10 @@ def mapping(text: str | None, inputs: list[str]) -> dict:
         return {}
     source = text.strip()
     if source.endswith(".json") and Path(source).is_file():
-        source = Path(source).read_text()
+        try:
+            source = Path(source).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ArgumentError("peer_args", f"cannot read {source}: {e}") from None
     entry = _json_entry(source) if source.startswith("{") else _list_entry(source)
     check(entry, inputs, "peer_args")
     return {k: entry[k] for k in ("args", "kwargs", "layout") if k in entry}
