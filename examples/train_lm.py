@@ -4,8 +4,8 @@ The model: token embedding -> `layers` x (RMSNorm -> lamixer.Layer residual -> R
 -> RMSNorm -> LM head. The processes form a grid of `--dp` data-parallel groups of `--cp` ranks each
 (dp * cp = the world size): a data-parallel group's ranks share one batch of sequences and each holds a
 contiguous slice of their time axis (lamixer.Layer(..., context_parallel=group)); the gradient is
-averaged over all ranks by DistributedDataParallel, with each rank's loss scaled so that the average is
-the data-parallel groups' mean of their batch's mean token loss.
+averaged over all ranks by DistributedDataParallel (or FSDP2 with --fsdp), with each rank's loss scaled
+so that the average is the data-parallel groups' mean of their batch's mean token loss.
 
 The data: `--text FILE` (bytes, vocab 256), or by default a synthetic language drawn from a fixed random
 Markov chain (each token has a few likely successors), whose loss falls towards the chain's entropy.
@@ -14,6 +14,7 @@ slices; no token predicts the next document's first.
 
     torchrun --nproc_per_node 2 examples/train_lm.py --cp 2                 # one sequence over 2 ranks (CPU: gloo)
     torchrun --nproc_per_node 4 examples/train_lm.py --dp 2 --cp 2 --packed
+    torchrun --nproc_per_node 2 examples/train_lm.py --cp 2 --fsdp          # parameters sharded (FSDP2)
     python examples/train_lm.py --steps 50                                  # one process
 
 On CUDA (NCCL) the layers run the generated Triton kernels; on a CPU (gloo) the torch backend. Rank 0
@@ -148,7 +149,15 @@ def train(cfg: argparse.Namespace) -> None:
     options = dict(kv.split("=") for kv in cfg.option)
     model = LanguageModel(source.vocab, cfg.d_model, cfg.layers, cfg.spec, cfg.heads, group, cfg.backend,
                           **{k: float(v) for k, v in options.items()}).to(device)  # fmt: skip
-    ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    ddp = model
+    if world > 1 and cfg.fsdp:  # FSDP2: each block's parameters sharded over all ranks, gathered for its forward
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    elif world > 1:
+        ddp = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s / cfg.steps, 1))))
     losses = []
@@ -165,7 +174,7 @@ def train(cfg: argparse.Namespace) -> None:
         with torch.autocast(device.type, torch.bfloat16, enabled=cfg.bf16):
             logits = ddp(inputs, None if cu is None else cu.to(device))
         nll = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
-        # DDP averages over all dp * cp ranks; the cp ranks' losses add up to their group's mean token loss
+        # DDP (and FSDP) average over all dp * cp ranks; the cp ranks' losses add up to their group's mean token loss
         (nll / counted * cp).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -235,6 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--packed", action="store_true", help="pack documents of random lengths into one row (cu_seqlens)")
     p.add_argument("--text", help="train on this file's bytes instead of the synthetic language")
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "triton"))
+    p.add_argument("--fsdp", action="store_true", help="shard the parameters with FSDP2 (fully_shard) instead of DistributedDataParallel")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (CUDA)")
     p.add_argument("--plot", default="train_lm_loss.png", help="where rank 0 writes the loss curve")
     p.add_argument("--seed", type=int, default=0)

@@ -19,8 +19,8 @@ from .errors import ArgumentError
 from .frontend import syntax as S
 from .ir import graph as ir
 from .ir.lower import HIDDEN, canonical_fn
-from .parallel.slicing import layer_slice
 from .parallel.shard import check_group
+from .parallel.slicing import layer_slice
 from .runtime import ops
 from .runtime.blocks import (
     SHIFT,
@@ -226,8 +226,7 @@ class Layer(LayerBase):
             return super().forward(x, state, cu_seqlens, return_state, *extra, **unknown)
         shard = layer_slice(self, x, state, cu_seqlens, return_state, self.context_parallel)
         offset = torch.tensor(shard.before_piece, dtype=torch.int64, device=x.device)  # where each piece's rotation starts
-        y, _ = self._mix(x, None, shard.local_cu, {}, offset, False, shard)
-        return shard.settle(y)
+        return self._mix(x, None, shard.local_cu, {}, offset, False, shard)[0]  # (the mixer's output settles the collectives)
 
     def _mix(self, x, state, cu, caches, offset, return_state, shard=None):
         inputs = self._inputs(x, state, cu, caches, offset, shard)

@@ -87,14 +87,22 @@ class _Stack(torch.nn.Module):
         return x
 
 
-def _layers_case(group, names: list[str], cu: list[int] | None) -> dict[str, float]:
-    """A stack of layers under DistributedDataParallel (over the default group) with context parallelism (over
-    `group`), against the same stack in one process: outputs, input and parameter gradients."""
+def _layers_case(group, names: list[str], cu: list[int] | None, sharded: bool = False) -> dict[str, float]:
+    """A stack of layers under DistributedDataParallel (sharded: FSDP2's fully_shard) over the default group with
+    context parallelism over `group`, against the same stack in one process: outputs, input and parameter gradients."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     lengths = SLICES[world]
     one = _Stack(names, None).double()
-    ddp = torch.nn.parallel.DistributedDataParallel(_Stack(names, group).double())
-    ddp.module.load_state_dict(one.state_dict())
+    model = _Stack(names, group).double()
+    model.load_state_dict(one.state_dict())
+    if sharded:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.layers:
+            fully_shard(layer)
+        ddp = fully_shard(model)
+    else:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
     cu_t = None if cu is None else torch.tensor(cu)
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(1 if cu is not None else 2, sum(lengths), 16, generator=gen, dtype=torch.float64)
@@ -105,11 +113,12 @@ def _layers_case(group, names: list[str], cu: list[int] | None) -> dict[str, flo
     start, stop = sum(lengths[:rank]), sum(lengths[: rank + 1])
     xl = x[:, start:stop].clone().requires_grad_()
     yl = ddp(xl, cu_t)
-    # DDP averages the ranks' gradients, and each rank's is its share of the sequence's: the loss times the group's size
+    # DDP and FSDP average the ranks' gradients, and each rank's is its share of the sequence's: the loss times the
+    # group's size
     ((yl * w[:, start:stop]).sum() * world).backward()
     errors = {"y": _rel(yl.detach(), y[:, start:stop].detach()), "dx": _rel(xl.grad / world, xw.grad[:, start:stop])}
-    for (n, p), q in zip(ddp.module.named_parameters(), one.parameters()):
-        errors[f"d{n}"] = _rel(p.grad, q.grad)
+    for (n, p), q in zip(model.named_parameters(), one.parameters()):
+        errors[f"d{n}"] = _rel(p.grad.full_tensor() if sharded else p.grad, q.grad)
     return errors
 
 
@@ -197,6 +206,7 @@ def test_interpreted_triton_kernels_two_ranks():
 
 def test_layers_under_ddp_equal_one_process():
     """Convolutions (gated_deltanet, mamba2), a token shift (rwkv6) and rotary positions (retnet) take the previous
-    ranks' tokens; DistributedDataParallel over the same processes; unpacked and packed; and errors on every rank."""
+    ranks' tokens; DistributedDataParallel over the same processes, unpacked and packed; FSDP2 (fully_shard); and
+    errors on every rank."""
     stack = ["gated_deltanet", "rwkv6", "retnet", "mamba2"]
-    _launch(2, [("layers", stack, None), ("layers", stack, PACKED[2][0]), ("errors",)])
+    _launch(2, [("layers", stack, None), ("layers", stack, PACKED[2][0]), ("layers", ["gla", "lln"], None, True), ("errors",)])
