@@ -72,6 +72,22 @@ def _mixer_case(group, name: str, backend: str, cu: list[int] | None) -> dict[st
     return errors
 
 
+def _inference_case(group, name: str, backend: str) -> dict[str, float]:
+    """An inference call (no gradient: the triton backend runs the recurrent kernel) against one process."""
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    lengths = SLICES[world]
+    mixer = lamixer.load(name)
+    tensors, states = random_call(mixer, B=2, T=sum(lengths), H=2, size=5, seed=4)
+    start, stop = sum(lengths[:rank]), sum(lengths[: rank + 1])
+    kinds = {op.name: op.kind for op in mixer.compiled.graph.operands}
+    with torch.no_grad():
+        o, finals = mixer(**tensors, initial_state=states, output_final_state=True, backend="torch")
+        local = {k: v[:, start:stop] if kinds[k] == "input" else v for k, v in tensors.items()}
+        o_l, finals_l = mixer(**local, initial_state=states, output_final_state=True, backend=backend, context_parallel=group)
+    finals, finals_l = (f if isinstance(f, tuple) else (f,) for f in (finals, finals_l))
+    return {"o": _rel(o_l, o[:, start:stop]), **{f"final {i}": _rel(a, b) for i, (a, b) in enumerate(zip(finals_l, finals))}}
+
+
 class _Stack(torch.nn.Module):
     """Layers with residual connections."""
 
@@ -153,7 +169,7 @@ def _worker(rank: int, world: int, path: str, cases: list, out: str) -> None:
             if kind == "errors":
                 _errors_case(group)
                 continue
-            errors = (_mixer_case if kind == "mixer" else _layers_case)(group, *args)
+            errors = {"mixer": _mixer_case, "inference": _inference_case, "layers": _layers_case}[kind](group, *args)
             worst = max(errors, key=errors.get)
             lines.append(f"{kind} {args}: worst {worst} {errors[worst]:.1e} ({time.perf_counter() - began:.1f} s)")
             assert errors[worst] < TOL, (kind, args, {k: e for k, e in errors.items() if e >= TOL})
@@ -199,9 +215,10 @@ def test_packed_sequences_across_three_ranks():
 
 def test_interpreted_triton_kernels_two_ranks():
     """The chunk kernels (additive with a decay along the keys and with a normaliser, the delta rule) under
-    TRITON_INTERPRET=1, unpacked and packed."""
+    TRITON_INTERPRET=1, unpacked and packed; the recurrent kernel (inference)."""
     cases = [("mixer", name, "triton", None) for name in ("gla", "lln", "gated_deltanet")]
-    _launch(2, cases + [("mixer", "gated_deltanet", "triton", PACKED[2][0]), ("mixer", "simple_gla", "triton", PACKED[2][1])])
+    cases += [("mixer", "gated_deltanet", "triton", PACKED[2][0]), ("mixer", "simple_gla", "triton", PACKED[2][1])]
+    _launch(2, cases + [("inference", "deltanet", "triton"), ("inference", "rwkv6", "triton")])
 
 
 def test_layers_under_ddp_equal_one_process():
