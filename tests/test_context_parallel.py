@@ -149,6 +149,7 @@ def _errors_case(group) -> None:
         ((q, k, v, g), {"cu_seqlens": torch.tensor([0, 2 + rank, 12])}, "cu_seqlens"),  # offsets that differ between ranks
         ((q, k, v, g), {"cu_seqlens": torch.tensor([0, 5, 13])}, "cu_seqlens"),  # offsets past the ranks' tokens
         ((q, k, v, g), {"backend": "interpret"}, "backend"),
+        (tuple(x[:, :0] if rank == 0 else x for x in (q, k, v, g)), {}, "context_parallel"),  # a rank without tokens
     ]
     for args, kwargs, argument in bad:
         with pytest.raises(lamixer.ArgumentError) as e:

@@ -41,6 +41,8 @@ def bind_slice(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_sta
     found: dict = {}
 
     def check() -> Local:
+        if any(isinstance(x, torch.Tensor) and x.dim() >= 3 and x.shape[1] == 0 for x in [*args, *kwargs.values()]):
+            raise ArgumentError("context_parallel", "this rank's slice holds no tokens: every rank needs at least one")
         call = bind(compiled, args, kwargs, scale, None, None, compute_dtype)
         cu = None if cu_seqlens is None else global_offsets(cu_seqlens, call.batch, call.device)
         N = call.batch if cu is None else len(cu) - 1
