@@ -131,13 +131,12 @@ def main():
             print(json.dumps(row), flush=True)
             save()
         if have_fla and name in bench.COMPETITORS and time.time() - t_start < args.budget:
-            path, call = bench.COMPETITORS[name][:2]
-            fn = bench._import(path)
+            entry = bench.COMPETITORS[name]["chunk"]
             t0 = time.time()
-            row = bench._time("fla " + path, lambda: call(fn, tensors)[0], do, dict(spec=name), tensors.values())
+            row = bench._time("fla " + entry["fn"], lambda: bench.peer_call(entry, tensors)[0], do, dict(spec=name), tensors.values())
             row["first_call_s"] = round(time.time() - t0, 1)
             if "error" not in row:
-                row["kernels_us"] = kernel_times(lambda: call(fn, tensors)[0], do, leaves=tensors.values())
+                row["kernels_us"] = kernel_times(lambda: bench.peer_call(entry, tensors)[0], do, leaves=tensors.values())
             rows.append(row)
             print(json.dumps(row), flush=True)
             save()

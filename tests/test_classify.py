@@ -14,6 +14,7 @@ EXPECTED = {  # name: (update rule, composition, per-state (decay, reads))
     "rwkv6": ("additive", "single", [("key", ["before update"])]),
     "deltanet": ("delta", "single", [("none", ["after update"])]),
     "gated_deltanet": ("delta", "single", [("scalar", ["after update"])]),
+    "kda": ("delta", "single", [("key", ["after update"])]),
     "gsa": ("slot-softmax", "chained", [("value", ["after update"]), ("key", ["after update"])]),
     "lln": ("additive", "parallel", [("none", ["after update"]), ("none", ["after update"])]),
     "mamba2": ("additive", "single", [("scalar", ["after update"])]),

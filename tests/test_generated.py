@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import lamixer
+from lamixer.backends.triton import unsupported
 from lamixer.emit.package import runtime_files
 from lamixer.emit.write import write
 
@@ -43,7 +44,7 @@ def test_each_delta_kernel_file_defines_its_named_kernels():
     from lamixer.kernels.delta import kernel_names
 
     files = list((GENERATED / "kernels").glob("scan_delta_*.py"))
-    assert len(files) == 2  # deltanet (no decay) and gated_deltanet (scalar decay)
+    assert len(files) == 3  # deltanet (no decay), gated_deltanet (scalar decay), kda (per-key decay)
     for path in files:
         names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
         assert names == {f"{path.stem}_float32_{k}" for k in kernel_names(path.stem.split("_")[2])}, path
@@ -51,7 +52,7 @@ def test_each_delta_kernel_file_defines_its_named_kernels():
 
 def test_each_recurrent_kernel_file_defines_its_kernel():
     files = list((GENERATED / "kernels").glob("recurrent_*.py"))
-    assert len(files) == 7  # additive with each decay (key: read before or after), delta with none and scalar decay
+    assert len(files) == 8  # additive with each decay (key: read before or after), delta with no, scalar and per-key decay
     for path in files:
         names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
         assert names == {path.stem + "_float32_kernel"}, path
@@ -70,7 +71,10 @@ def test_every_shipped_spec_has_its_package():
         assert readme.startswith(f"# {name}: ") and "## API" in readme and "## What it runs" in readme
         mixer = (pkg / "mixer.py").read_text()
         assert f"\ndef {name}(" in mixer and "\ndef forward(call, scan):" in mixer
-        # every shipped spec reaches its kernels (a chunk family and the recurrent kernel) only through scans.py
+        if unsupported(lamixer.load(name).compiled):  # no Triton template yet: the package runs on torch alone
+            assert "from . import scans" not in mixer and not (pkg / "scans.py").exists()
+            continue
+        # every spec with kernels reaches them (a chunk family and the recurrent kernel) only through scans.py
         assert "from . import scans" in mixer and (pkg / "scans.py").is_file()
         assert "kernels/`" in readme and "`recurrent_" in readme and ("`chunk_additive_" in readme or "`scan_" in readme)
 

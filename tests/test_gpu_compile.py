@@ -14,12 +14,14 @@ import sys
 from pathlib import Path
 
 import lamixer
+from lamixer.backends.triton import unsupported
 
 WORKER = Path(__file__).resolve().parent / "compile_worker.py"
 
 
 def test_every_kernel_compiles_for_the_h200(tmp_path, example_specs):
     specs = [str(p) for p in sorted(Path(lamixer.__file__).parent.joinpath("specs").glob("*.lam"))] + example_specs
+    specs = [s for s in specs if not unsupported(lamixer.load(s).compiled)]  # those with Triton templates
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # compiled here, not found in an earlier run's cache
     env["LAMIXER_CACHE"] = str(tmp_path / "lamixer")  # the default configurations, no tuned ones

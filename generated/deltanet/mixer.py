@@ -18,7 +18,7 @@ SIGNATURE = Signature(
         Operand("q", "input", ("K",), False),
         Operand("k", "input", ("K",), False),
         Operand("v", "input", ("V",), False),
-        Operand("beta", "input", (), False),
+        Operand("beta", "input", (), False, domain=(0.0, 1.0)),
     ),
     states=(
         ("S", ("K", "V")),

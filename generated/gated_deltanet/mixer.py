@@ -18,8 +18,8 @@ SIGNATURE = Signature(
         Operand("q", "input", ("K",), False),
         Operand("k", "input", ("K",), False),
         Operand("v", "input", ("V",), False),
-        Operand("g", "input", (), False),
-        Operand("beta", "input", (), False),
+        Operand("g", "input", (), False, domain=((-float("inf")), 0.0)),
+        Operand("beta", "input", (), False, domain=(0.0, 1.0)),
     ),
     states=(
         ("S", ("K", "V")),

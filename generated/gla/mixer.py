@@ -18,7 +18,7 @@ SIGNATURE = Signature(
         Operand("q", "input", ("K",), False),
         Operand("k", "input", ("K",), False),
         Operand("v", "input", ("V",), False),
-        Operand("g", "input", ("K",), False),
+        Operand("g", "input", ("K",), False, domain=((-float("inf")), 0.0)),
     ),
     states=(
         ("S", ("K", "V")),

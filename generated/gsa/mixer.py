@@ -19,7 +19,7 @@ SIGNATURE = Signature(
         Operand("k", "input", ("K",), False),
         Operand("v", "input", ("V",), False),
         Operand("s", "input", ("M",), False),
-        Operand("g", "input", ("M",), False),
+        Operand("g", "input", ("M",), False, domain=((-float("inf")), 0.0)),
     ),
     states=(
         ("Kt", ("K", "M")),

@@ -16,7 +16,7 @@ SIGNATURE = Signature(
     "hgrn2",
     operands=(
         Operand("q", "input", ("K",), False),
-        Operand("g", "input", ("K",), False),
+        Operand("g", "input", ("K",), False, domain=((-float("inf")), 0.0)),
         Operand("v", "input", ("V",), False),
     ),
     states=(

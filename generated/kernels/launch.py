@@ -106,3 +106,12 @@ def launch_args(c) -> dict:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def diagonal_span(dtype: torch.dtype) -> float:
+    """The most log decay (nats, along any key) a diagonal strip block may hold for its scores to be one dot of
+    q exp(E - P) and a exp(P - B) in the inputs' dtype (chunk_additive's scores_fwd and strips_bwd, scan_delta's
+    strips under a per-key decay): the factors then lie within e^-30..e^30 (1e-13..1e13) of q and a, far inside
+    bfloat16's and float32's normal range; float16's (6e-5..65504) leaves about e^4 around inputs of order 1..100.
+    Blocks of stronger decay take the exact per-column loop."""
+    return 4.0 if dtype == torch.float16 else 30.0

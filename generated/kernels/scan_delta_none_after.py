@@ -6,9 +6,9 @@ import triton.language as tl
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_prepare_kernel(
-    a, c, b, g, tm, w, u0, cu_seqlens, chunk_indices, T,
+    a, c, b, g, tm, w, u0, ad, gl, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    SOLVE: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT] (SOLVE; else read from tm, as the forward left it),
@@ -90,7 +90,7 @@ def scan_delta_none_after_float32_prepare_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_state_kernel(
-    a, g, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
+    a, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
@@ -179,7 +179,7 @@ def scan_delta_none_after_float32_state_kernel(
 def scan_delta_none_after_float32_output_kernel(
     q, qs, a, g, h, u, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """o = (q e^E) S0 + A U per chunk. One program per (value block, chunk, sequence x head); key blocks in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -226,7 +226,7 @@ def scan_delta_none_after_float32_output_kernel(
 def scan_delta_none_after_float32_bwd_dv_kernel(
     q, qs, a, g, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The chunk-local part of dU: A^T dO into du [B, T, H, V]. One program per (chunk, sequence x head)."""
     i_c, i_x = tl.program_id(0), tl.program_id(1)
@@ -266,7 +266,7 @@ def scan_delta_none_after_float32_bwd_dv_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_bwd_dh_kernel(
-    q, qs, a, g, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
+    q, qs, a, ad, g, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
@@ -318,16 +318,16 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
         if K > 3 * BK:
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh.dtype.element_ty), boundary_check=(0, 1))
         b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-        b_du = tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
+        b_du = tl.dot((b_a).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 1 * BK:
             b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
+            b_du += tl.dot((b_a).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 2 * BK:
             b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
+            b_du += tl.dot((b_a).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 3 * BK:
             b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_du += tl.dot((b_a.to(tl.float32)).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
+            b_du += tl.dot((b_a).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         # A^T dO added after the products: a load that initialised their accumulator would not be pipelined
         p_du = tl.make_block_ptr(du, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         b_du += tl.load(p_du, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
@@ -372,9 +372,9 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_bwd_grad_kernel(
-    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, cu_seqlens, chunk_indices, T, x_block_stride,
+    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V].
 
@@ -435,6 +435,9 @@ def scan_delta_none_after_float32_bwd_grad_kernel(
     b_da = b_da.to(tl.float32)
     m_r = o_t[:, None] >= o_t[None, :]
     m_s = o_t[:, None] > o_t[None, :]
+    b_dw = tl.where(m_s, b_dM, 0.)
+    b_dc += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+    b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_c).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_dw = tl.where(m_r, b_dA, 0.)
     b_dq += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_q).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
@@ -442,8 +445,5 @@ def scan_delta_none_after_float32_bwd_grad_kernel(
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
     tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    b_dw = tl.where(m_s, b_dM, 0.)
-    b_dc += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-    b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_c).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)
     tl.store(dc + p_k, b_dc.to(dc.dtype.element_ty), mask=m_tk)

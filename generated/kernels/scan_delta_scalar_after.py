@@ -6,9 +6,9 @@ import triton.language as tl
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_prepare_kernel(
-    a, c, b, g, tm, w, u0, cu_seqlens, chunk_indices, T,
+    a, c, b, g, tm, w, u0, ad, gl, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    SOLVE: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
     SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT] (SOLVE; else read from tm, as the forward left it),
@@ -92,7 +92,7 @@ def scan_delta_scalar_after_float32_prepare_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_state_kernel(
-    a, g, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
+    a, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
@@ -188,7 +188,7 @@ def scan_delta_scalar_after_float32_state_kernel(
 def scan_delta_scalar_after_float32_output_kernel(
     q, qs, a, g, h, u, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """o = (q e^E) S0 + A U per chunk. One program per (value block, chunk, sequence x head); key blocks in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -238,7 +238,7 @@ def scan_delta_scalar_after_float32_output_kernel(
 def scan_delta_scalar_after_float32_bwd_dv_kernel(
     q, qs, a, g, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The chunk-local part of dU: A^T dO into du [B, T, H, V]. One program per (chunk, sequence x head)."""
     i_c, i_x = tl.program_id(0), tl.program_id(1)
@@ -281,7 +281,7 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_dh_kernel(
-    q, qs, a, g, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
+    q, qs, a, ad, g, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
@@ -401,13 +401,13 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_dgs_kernel(
     h, ht, dh, dgs, cu_seqlens, chunk_offsets, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, P: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    """d(log decay)'s whole-decay term of each segment of P tokens: sum_v dS_end * S_end [K] at its end, dS as the
-    reverse pass stored it (dh), S_end the state entering the next chunk (h), or the final one (ht, float32) at the
-    sequence's end, into dgs [N, NS, H, K]. One program per (segment, sequence x head); BK: all key rows."""
-    i_s, i_nh = tl.program_id(0), tl.program_id(1)
+    """d(log decay)'s whole-decay term of each chunk: sum_v dS_end * S_end [K] at its end, dS as the reverse pass
+    stored it (dh), S_end the state entering the next chunk (h), or the final one (ht, float32) at the sequence's end,
+    into dgs [chunks, H, K]. One program per (chunk of the sequence, sequence x head); BK: all key rows."""
+    i_t, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -418,11 +418,9 @@ def scan_delta_scalar_after_float32_bwd_dgs_kernel(
         eos = bos + T
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     L = eos - bos
-    if i_s * P >= L:
+    if i_t * BT >= L:
         return
-    end = tl.minimum((i_s + 1) * P, L)  # the segment's last token + 1
-    i_t = tl.cdiv(end, BT) - 1  # the chunk it ends in
-    last = end >= L
+    last = (i_t + 1) * BT >= L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     p_dS = dh + ((c0 + i_t) * H + i_h) * K * V
@@ -439,18 +437,18 @@ def scan_delta_scalar_after_float32_bwd_dgs_kernel(
         else:
             b_end = tl.load(p_next + p, mask=m, other=0.).to(tl.float32)
         b_x += tl.sum(b_dS * b_end, axis=1)
-    tl.store(dgs + ((i_n.to(tl.int64) * tl.num_programs(0) + i_s) * H + i_h) * K + o_k, b_x, mask=m_k)
+    tl.store(dgs + ((c0 + i_t) * H + i_h) * K + o_k, b_x, mask=m_k)
 
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_grad_kernel(
-    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, cu_seqlens, chunk_indices, T, x_block_stride,
+    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V];
-    and d(log decay)'s terms from the float32 gradients, before they are rounded: xq = q * dq and xr = c * dc - a * da,
-    summed over this key block: [NK, B, T, H] (x_block_stride apart) (the host's segment sums finish it).
+    and d(log decay) from the float32 gradients, before they are rounded: its terms xq = q * dq and xr = c * dc - a * da
+    (summed over this key block: [NK, B, T, H], x_block_stride apart; the host finishes them), which the suffix sums within the chunk and the chunk's whole-decay term dgs finish.
 
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
     [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db).
@@ -512,6 +510,9 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_dc = (b_dc * tl.exp(b_B)[:, None])
     m_r = o_t[:, None] >= o_t[None, :]
     m_s = o_t[:, None] > o_t[None, :]
+    b_dw = b_dM * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+    b_dc += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+    b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_c).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_dw = b_dA * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     b_dq += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_q).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
@@ -522,9 +523,6 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
     tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    b_dw = b_dM * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
-    b_dc += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-    b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_c).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_xr = b_c.to(tl.float32) * b_dc - b_a.to(tl.float32) * b_da
     tl.store(xr + p_x, tl.sum(b_xr, axis=1), mask=m_t)
     tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)

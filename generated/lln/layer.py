@@ -10,9 +10,10 @@ from torch import nn
 
 from ..runtime.blocks import LayerBase, option, projection, size, whole
 from ..runtime.call import check_backend
+from ..runtime.running import RunningStats, momentum_value
 from .mixer import lln
 
-SPEC_KEY = "lln:38b073992beb66f8"  # a LayerState fits only layers of this spec
+SPEC_KEY = "lln:5dea42536b44172c"  # a LayerState fits only layers of this spec
 BACKENDS = ("auto", "torch", "triton")
 
 
@@ -24,10 +25,10 @@ class Layer(LayerBase):
         y, state = layer(prompt, return_state=True)
         y_t, state = layer.step(x_t, state)             # x_t [B, hidden]
 
-    Options (defaults): expand_k=1, expand_v=1.
+    Options (defaults): expand_k=1, expand_v=1, running_stats=1, stat_momentum=0.1.
     """
 
-    def __init__(self, hidden_size, num_heads, *, backend="auto", expand_k=1, expand_v=1):
+    def __init__(self, hidden_size, num_heads, *, backend="auto", expand_k=1, expand_v=1, running_stats=1, stat_momentum=0.1):
         super().__init__()
         self.spec_name, self.spec_key = "lln", SPEC_KEY
         self.hidden_size = hidden = whole(hidden_size, "hidden_size", "hidden_size")
@@ -35,11 +36,17 @@ class Layer(LayerBase):
         self.backend = check_backend(backend, BACKENDS)
         expand_k = option("expand_k", expand_k)
         expand_v = option("expand_v", expand_v)
-        self.options = {"expand_k": expand_k, "expand_v": expand_v}
+        running_stats = option("running_stats", running_stats)
+        stat_momentum = option("stat_momentum", stat_momentum)
+        self.options = {"expand_k": expand_k, "expand_v": expand_v, "running_stats": running_stats, "stat_momentum": stat_momentum}
         K = size("K", (torch.tensor(hidden, dtype=torch.float64) * expand_k) / H, "lln", hidden, H, self.options)
         V = size("V", (torch.tensor(hidden, dtype=torch.float64) * expand_v) / H, "lln", hidden, H, self.options)
         self.sizes = {"K": K, "V": V}
-        self.stateful = False  # whole-input statistics or block attention: whole sequences only
+        running = running_stats != 0  # running estimates of the statistics (else each call's whole input's)
+        self.running_stats = ("sigma_q", "sigma_k", "shift_k") if running else ()
+        self.stat_batches = {"sigma_q": False, "sigma_k": False, "shift_k": True} if running else {}
+        self.windows = ((self.sizes["K"], self.sizes["K"], self.sizes["V"]),)  # each block attention's (size, key dim, value dim)
+        self.stateful = running
         self.state_dims = (("K", "V"), ("K",),)
         self.shifted = False
         self.proj = nn.ModuleDict({
@@ -51,6 +58,8 @@ class Layer(LayerBase):
         self.params = nn.ParameterDict()
         self.post = nn.ModuleList()
         self.o_proj = nn.Linear(H * V, hidden, bias=False)
+        if running:  # running estimates, last
+            self.stats = RunningStats({"sigma_q": ("std", False), "sigma_k": ("std", False), "shift_k": ("max", True)}, H, momentum_value(stat_momentum, "stat_momentum"))
 
     def _mix(self, x, state, cu_seqlens, caches, offset, return_state):
         """The section's steps: x [B, T, hidden] -> (y [B, T, hidden], the final states), filling caches."""
@@ -61,8 +70,10 @@ class Layer(LayerBase):
         q = self.proj["q"](h).reshape(B, T, H, K)  # [B, T, H, K]
         k = self.proj["k"](h).reshape(B, T, H, K)  # [B, T, H, K]
         v = self.proj["v"](h).reshape(B, T, H, V)  # [B, T, H, V]
-        o, finals = lln(
+        o, finals, *more = lln(
             q, k, v,
             initial_state=None if state is None else state.mixer, output_final_state=return_state, cu_seqlens=cu_seqlens, backend=self.backend,
+            **self._carry(state, offset, return_state),  # running statistics, block attention's window
         )  # [B, T, H, V]
+        self._carried(more, caches, return_state)
         return self.o_proj(o.reshape(B, T, H * V)), finals

@@ -10,7 +10,8 @@ import torch
 
 from ..runtime import fuse, ops
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
-from ..runtime.scan import attention_dtype, block_attention, scan_group, stat, torch_scan
+from ..runtime.carry import attach, block_attention, extras, statistic
+from ..runtime.scan import attention_dtype, scan_group, torch_scan
 
 SIGNATURE = Signature(
     "lln",
@@ -24,12 +25,14 @@ SIGNATURE = Signature(
         ("z", ("K",)),
     ),
     uses_scale=True,
+    stats=(("sigma_q", ()), ("sigma_k", ()), ("shift_k", ("batch", "head")),),
+    blocks=(("K", "K", "V"),),
 )
 BACKENDS = ("auto", "torch", "triton")
 BINDINGS: dict = {}  # what the checks of earlier calls found, per call signature (runtime/call.py: bind)
 
 
-def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto"):
+def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None, backend="auto", stats=None, window=None, output_stats=False, output_window=False):
     """o, final_state = lln(q, k, v): Linear Log-Normal attention (Nahshan et al., 2024).
 
     q, k [B, T, H, K]; v [B, T, H, V] -> o [B, T, H, V]
@@ -42,6 +45,7 @@ def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (q, k, v), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k": k, "v": v}, scale, initial_state, cu_seqlens, default_scale))
+    call = attach(SIGNATURE, call, stats, window, output_stats, output_window)
     scan, chunked = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
@@ -49,7 +53,7 @@ def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu
         scan = scans.choose(call, backend)
         chunked = scans.chunked(scan)
     o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work
-    return results(call, o, finals, output_final_state)
+    return results(call, o, finals, output_final_state, SIGNATURE)
 
 
 def default_scale(sizes):
@@ -68,8 +72,8 @@ def forward(call, scan):
     q = call.inputs["q"].to(dtype)  # [B, T, H, K]
     k = call.inputs["k"].to(dtype)  # [B, T, H, K]
     v = call.inputs["v"].to(dtype)  # [B, T, H, V]
-    t5 = stat("std", q, (), call.cu_seqlens)  # [1, 1, 1]: std over the whole input, stop-gradient
-    t6 = stat("std", k, (), call.cu_seqlens)  # [1, 1, 1]: std over the whole input, stop-gradient
+    t5 = statistic(call, "sigma_q", "std", q, ())  # [1, 1, 1]: std over the whole input unless given, stop-gradient
+    t6 = statistic(call, "sigma_k", "std", k, ())  # [1, 1, 1]: std over the whole input unless given, stop-gradient
     a = 0.14855178144710912
     b = torch.full((1, 1, 1), 0.0, dtype=dtype, device=device) - 0.35487039130661086  # [1, 1, 1]
     t12 = t5 ** 2.0  # [1, 1, 1]
@@ -82,7 +86,7 @@ def forward(call, scan):
     alpha = sigma / t5  # [1, 1, 1]
     beta = sigma / t6  # [1, 1, 1]
     t23 = beta[..., None] * k  # [B, T, H, K]
-    t24 = stat("max", t23, ("batch", "head"), call.cu_seqlens)  # [B, 1, H]: max per batch, head, stop-gradient
+    t24 = statistic(call, "shift_k", "max", t23, ("batch", "head"))  # [B, 1, H]: max per batch, head unless given, stop-gradient
     t25 = alpha[..., None] * q  # [B, T, H, K]
     t26 = alpha[..., None] * q  # [B, T, H, K]
     t27 = ops.reduce("max", t26, 1)  # [B, T, H]
@@ -107,7 +111,7 @@ def forward(call, scan):
     )
     t39 = z_read + 1e-05  # [B, T, H]
     o_lln = S_read / t39[..., None]  # [B, T, H, V]
-    o_diag = block_attention(q, k, v, scale, K, call.cu_seqlens, attention_dtype(call))  # [B, T, H, V]: causal softmax attention in blocks of K
+    o_diag, window0 = block_attention(call, 0, q, k, v, scale, K, attention_dtype(call))  # [B, T, H, V]: causal softmax attention in blocks of K; the window after it, if asked
     t43 = o_lln + o_diag  # [B, T, H, V]
     o = t43 / 2.0  # [B, T, H, V]
-    return o.to(call.out_dtype), [S, z]
+    return o.to(call.out_dtype), [S, z] + extras(call, [window0], [(t5, ()), (t6, ()), (t24, ("batch", "head"))])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import fuse
+from ..runtime import fuse, ops
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.scan import scan_group, torch_scan
 
@@ -72,6 +72,7 @@ def forward(call, scan):
     t11 = 2.0 ** t10  # [1, 1, H]
     gamma = 1.0 - t11  # [1, 1, H]
     t17 = scale * q  # [B, T, H, K]
+    ops.check_decay(gamma, ("S", "retnet.lam:7:13: `let gamma = 1 - 2 ^ (-5 - h)`", ()))
     t24 = torch.log(gamma)  # [1, 1, H]
     # scan S: additive write, constant decay, chunk 64
     [[o]], [S] = scan_group(

@@ -11,8 +11,8 @@ between calls, decoding a token); a subclass supplies the spec's steps as `_mix`
 interprets a spec's layer section that way; a package from `lamixer compile` has them written out.
 
 The state a layer carries between calls (LayerState) is the mixer's recurrent state(s), the last
-kernel-1 inputs of every short convolution (and the token shift's last input) and the number of
-tokens seen, per sequence.
+kernel-1 inputs of every short convolution (and the token shift's last input), each block attention's
+keys and values of the current block, and the number of tokens seen, per sequence.
 """
 from __future__ import annotations
 
@@ -26,11 +26,13 @@ from torch import nn
 
 from . import ops
 from .call import check_cu_seqlens
+from .carry import Window
 from .errors import ArgumentError, LamixerError
 from .scan import STATES_IN_PLACE
 
 NORM_EPS = 1e-5
 SHIFT = "@shift"  # the token shift's cache in LayerState.conv (no input can be named so)
+WINDOW = "@block{}.{}"  # block attention i's keys and values of the current block in LayerState.conv
 
 
 @dataclass
@@ -40,7 +42,8 @@ class LayerState:
     spec: str  # the spec's name and source hash: a state fits only the layer it came from
     batch: int  # N, the number of sequences
     mixer: tuple[torch.Tensor, ...]  # the mixer's states in declaration order, [N, H, ...] each
-    conv: dict[str, torch.Tensor] = field(default_factory=dict)  # conv cache [N, channels, kernel - 1]
+    # conv cache [N, channels, kernel - 1]; block attention's current block [N, H, size, D] (WINDOW)
+    conv: dict[str, torch.Tensor] = field(default_factory=dict)
     position: torch.Tensor | None = None  # [N] tokens seen so far per sequence (where rotary continues)
 
 
@@ -236,17 +239,49 @@ class LayerBase(nn.Module):
     """What every layer does around its spec's steps: argument and state checks, the carried state, decoding.
 
     A subclass sets spec_name, spec_key (name and source hash), hidden_size, num_heads, sizes (dim -> size),
-    state_dims (each mixer state's dims), stateful (False when the mixer sees whole inputs), shifted (it has a
-    token shift) and conv (a ModuleDict of short convolutions), and implements _mix.
+    state_dims (each mixer state's dims), stateful (False when the mixer sees whole inputs: a statistic the layer
+    keeps no running estimate of), shifted (it has a token shift), conv (a ModuleDict of short convolutions),
+    windows ((size, key dim, value dim) of each block attention) and stats (runtime.running.RunningStats, or None;
+    stat_batches: which of its statistics are per batch), and implements _mix, calling the mixer with _carry()'s
+    arguments and handing what they add to its results to _carried.
     """
 
     def __init__(self):
         super().__init__()
         self._shapes: dict[int, dict[str, tuple[int, ...]]] = {}  # see _check_state
+        self.windows: tuple[tuple[int, int, int], ...] = ()
+        self.stats: nn.Module | None = None  # a subclass with running statistics sets its RunningStats last
+        self.stat_batches: dict[str, bool] = {}
 
     def _mix(self, x, state, cu_seqlens, caches: dict, offset, return_state: bool):
         """The spec's steps: x [B, T, hidden] -> (y [B, T, hidden], the mixer's final states or None), filling caches."""
         raise NotImplementedError
+
+    def _carry(self, state: LayerState | None, offset: torch.Tensor, return_state: bool) -> dict:
+        """The mixer call's arguments beside the tensors and states (runtime/carry.py): in training the statistics it
+        uses are reported (to update the running estimates), in eval the estimates are given; block attention
+        continues the state's window and returns the next when a state is returned."""
+        out: dict = {}
+        if self.stats is not None:
+            out["output_stats" if self.training else "stats"] = True if self.training else self.stats.estimates()
+        if self.windows and state is not None:
+            blocks = range(len(self.windows))
+            out["window"] = Window(offset, tuple(state.conv[WINDOW.format(i, "keys")] for i in blocks),
+                                   tuple(state.conv[WINDOW.format(i, "values")] for i in blocks))  # fmt: skip
+        if self.windows and return_state:
+            out["output_window"] = True
+        return out
+
+    def _carried(self, more: tuple, caches: dict, return_state: bool) -> None:
+        """Take what _carry's arguments added to the mixer's results: the next window into caches, the statistics the
+        call used into the running estimates."""
+        more = list(more)
+        if self.windows and return_state:
+            window = more.pop(0)
+            for i in range(len(self.windows)):
+                caches[WINDOW.format(i, "keys")], caches[WINDOW.format(i, "values")] = window.keys[i], window.values[i]
+        if self.stats is not None and self.training:
+            self.stats.update(more.pop(0), self.stat_batches)
 
     def extra_repr(self) -> str:
         sizes = ", ".join(f"{d}={n}" for d, n in self.sizes.items())
@@ -291,6 +326,9 @@ class LayerBase(nn.Module):
         conv = {name: torch.zeros(batch, c.in_channels, c.kernel_size[0] - 1, device=device, dtype=dtype) for name, c in self.conv.items()}
         if self.shifted:
             conv[SHIFT] = torch.zeros(batch, self.hidden_size, 1, device=device, dtype=dtype)
+        for i, (size, dk, dv) in enumerate(self.windows):
+            conv[WINDOW.format(i, "keys")] = torch.zeros(batch, self.num_heads, size, dk, device=device, dtype=dtype)
+            conv[WINDOW.format(i, "values")] = torch.zeros(batch, self.num_heads, size, dv, device=device, dtype=dtype)
         return LayerState(self.spec_key, batch, mixer, conv, torch.zeros(batch, dtype=torch.int64, device=device))
 
     def forward(self, x: torch.Tensor | None = None, state: LayerState | None = None, cu_seqlens: torch.Tensor | None = None, return_state: bool = False,
@@ -304,8 +342,8 @@ class LayerBase(nn.Module):
         cu = None if cu_seqlens is None else check_cu_seqlens(cu_seqlens, B, T, x.device)
         N = B if cu is None else len(cu) - 1
         if not self.stateful and (state is not None or return_state):
-            raise LamixerError(f"{self.spec_name} uses whole-input statistics or block attention: it runs on whole sequences only, "
-                               "so it takes no state and returns none")  # fmt: skip
+            raise LamixerError(f"{self.spec_name} uses whole-input statistics (it keeps no running estimates of them): it runs on "
+                               "whole sequences only, so it takes no state and returns none")  # fmt: skip
         if state is not None:
             self._check_state(state, N)
         elif return_state:

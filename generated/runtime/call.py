@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import carry
 from .errors import ArgumentError
 
 
@@ -50,6 +51,8 @@ class Signature:
     operands: tuple[Operand, ...]
     states: tuple[tuple[str, tuple[str, ...]], ...]  # (name, dims) of each state, in declaration order
     uses_scale: bool
+    stats: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (name, groups) of each statistic (runtime/carry.py)
+    blocks: tuple[tuple[int | str, str, str], ...] = ()  # (size, key dim, value dim) of each block attention
     # the inputs with a declared domain, as check_domains takes them (worked out here, not while torch.compile traces)
     domains: tuple[tuple[str, float | None, float | None, str], ...] = field(init=False, repr=False, compare=False)
 
@@ -78,6 +81,15 @@ class Call:
     # what later stages work out once per call signature (backend choice, constants), kept with the signature's
     # binding; None when nothing may be cached (an argument that is not a tensor, or torch.compile tracing)
     memo: dict | None = None
+    # what the call carries besides the states (runtime/carry.py: attach): given statistics by name, block attention's
+    # window, and whether the window after the call and the statistics used are returned
+    stats: dict[str, torch.Tensor] | None = None
+    window: carry.Window | None = None
+    output_stats: bool = False
+    output_window: bool = False
+    # context parallelism: the lamixer.parallel Shard saying where this rank's slice of the time axis lies (None: the
+    # call holds whole sequences)
+    context_parallel: object | None = None
 
 
 def _shape(dims) -> str:
@@ -413,11 +425,14 @@ def pick_backend(name: str, backend: str, call: Call, missing: list[str]) -> str
     return backend
 
 
-def results(call: Call, o: torch.Tensor, finals: list[torch.Tensor], output_final_state: bool):
+def results(call: Call, o: torch.Tensor, finals: list[torch.Tensor], output_final_state: bool, sig: Signature | None = None):
     """(o, final_state) as the caller gets them: o in the first input's dtype; the final states (None unless
-    output_final_state; a tuple for several states) in float32, float64 for float64 inputs."""
+    output_final_state; a tuple for several states) in float32, float64 for float64 inputs. finals may end with
+    runtime/carry.py's extras (sig is then the mixer's Signature), which follow as carry.outputs gives them."""
     o = o if o.dtype == call.out_dtype else o.to(call.out_dtype)
+    finals, more = finals[: len(call.initial_state)], finals[len(call.initial_state) :]
+    more = carry.outputs(call, sig, more) if call.output_stats or call.output_window else ()
     if not output_final_state:
-        return o, None
+        return (o, None, *more)
     finals = [f if f.dtype == call.state_dtype else f.to(call.state_dtype) for f in finals]
-    return o, finals[0] if len(finals) == 1 else tuple(finals)
+    return (o, finals[0] if len(finals) == 1 else tuple(finals), *more)

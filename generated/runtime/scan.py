@@ -90,10 +90,11 @@ def _causal(contract, U: torch.Tensor, strict: bool) -> torch.Tensor:
     return torch.where((seen - bad if strict else seen) > 0, float("nan"), out)
 
 
-def chunk_scan(a, b, c, gk, gv, reads, h0, C):
+def chunk_scan(a, b, c, gk, gv, reads, h0, C, c_before=None):
     """One state's scan over [B, H, T, *] tensors; returns ([o per read, [B, H, T, V]], final state [B, H, K, V]).
 
-    a, c: [B, H, T, K] write and erase keys (c None: additive); b: [B, H, T, V];
+    a, c: [B, H, T, K] write and erase keys (c None: additive); b: [B, H, T, V]; c_before: [B, H, T, 1] bool, True
+    where the erase reads the state before its token's decay (the generalized delta rule), else it reads it after;
     gk: [B, H, T, 1 or K] log decay on the key side, or gv: [B, H, T, V] on the value side;
     reads: [(q [B, H, T, K], decayed, written)]; h0: [B, H, K, V].
     """
@@ -126,8 +127,12 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C):
                 S = torch.addcmul(delta_S[:, :, n], decay_all[:, :, n].transpose(-1, -2), S)
         else:
             c = _pad_chunks(c, C)
-            L = torch.eye(C, dtype=dt, device=dev) - _pair(c, a, _decay_weights(seg, strict), strict)
-            rhs = torch.cat([b, c * _decay_exp(Bc)], -1)
+            seg_c, Bc_c = seg, Bc
+            if c_before is not None:  # the erase at i then sees the decays through token i - 1 only
+                m = _pad_chunks(c_before.to(dt), C) > 0  # [B, H, N, C, 1]
+                seg_c, Bc_c = torch.where(m.unsqueeze(-2), seg_x, seg), torch.where(m, Bx, Bc)
+            L = torch.eye(C, dtype=dt, device=dev) - _pair(c, a, _decay_weights(seg_c, strict), strict)
+            rhs = torch.cat([b, c * _decay_exp(Bc_c)], -1)
             sol = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
             U0, W = sol[..., : b.shape[-1]], sol[..., b.shape[-1] :]  # U = U0 + W S_0
             S, starts, Us = h0, [], []
@@ -216,6 +221,9 @@ class ScanOperands:
     # implementation carries itself (the chunk kernels' `ones`); it then returns (reads, final state, the normaliser's
     # reads, its final state)
     z0: torch.Tensor | None = None
+    # [B, T, H, 1] bool: where the erase reads the state before its token's decay (lamixer.runtime.substeps; the torch
+    # scan's alone: the kernel plan gives no kernel such a scan)
+    c_before: torch.Tensor | None = None
 
     @property
     def positions(self) -> str:
@@ -229,19 +237,21 @@ def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
     g = ops.g if ops.g is not None else a.new_zeros(*a.shape[:3], 1)
     modes = [POSITIONS[p] for _, p in ops.reads]
 
-    def one(h0, a, b, c, g, *qs):
-        t = [x.transpose(1, 2) for x in (a, b, c, g, *qs)]  # -> [B, H, T, D]
-        reads = [(q, dec, wr) for q, (dec, wr) in zip(t[4:], modes)]
+    def one(h0, a, b, c, g, before, *qs):
+        t = [x.transpose(1, 2) for x in (a, b, c, g, before, *qs)]  # -> [B, H, T, D]
+        reads = [(q, dec, wr) for q, (dec, wr) in zip(t[5:], modes)]
         gk, gv = (None, t[3]) if ops.decay == "value" else (t[3], None)
-        return chunk_scan(t[0], t[1], t[2] if ops.c is not None else None, gk, gv, reads, h0, ops.chunk)
+        return chunk_scan(t[0], t[1], t[2] if ops.c is not None else None, gk, gv, reads, h0, ops.chunk,
+                          t[4] if ops.c_before is not None else None)  # fmt: skip
 
     c = ops.c if ops.c is not None else a
+    before = ops.c_before if ops.c_before is not None else a
     qs = [q for q, _ in ops.reads]
     if ops.cu_seqlens is None:
-        results = [one(ops.h0, a, ops.b, c, g, *qs)]
+        results = [one(ops.h0, a, ops.b, c, g, before, *qs)]
     else:
         cu = ops.cu_seqlens.tolist()
-        results = [one(ops.h0[i : i + 1], *(x[:, s:e] for x in (a, ops.b, c, g, *qs))) for i, (s, e) in enumerate(zip(cu[:-1], cu[1:]))]
+        results = [one(ops.h0[i : i + 1], *(x[:, s:e] for x in (a, ops.b, c, g, before, *qs))) for i, (s, e) in enumerate(zip(cu[:-1], cu[1:]))]
     outs = [torch.cat([r[0][i] for r in results], 2).transpose(1, 2) for i in range(len(qs))]
     return outs, torch.cat([r[1] for r in results], 0)
 

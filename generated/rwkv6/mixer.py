@@ -17,7 +17,7 @@ SIGNATURE = Signature(
     operands=(
         Operand("r", "input", ("K",), False),
         Operand("k", "input", ("K",), False),
-        Operand("w", "input", ("K",), False),
+        Operand("w", "input", ("K",), False, domain=((-float("inf")), 0.0)),
         Operand("v", "input", ("V",), False),
         Operand("u", "param", ("K",), True),
     ),

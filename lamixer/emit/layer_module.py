@@ -184,7 +184,7 @@ modules and their names are lamixer.Layer's, so state dicts load either way.
     if running.module:
         for name in ("RunningStats", "momentum_value"):
             m.use(runtime + ".running", name)
-        body += [f"if {running.on}:", f"    self.stats = RunningStats({running.module}, {H}, {running.momentum})  # running estimates, last"]
+        body += [f"if {running.on}:  # running estimates, last", f"    self.stats = RunningStats({running.module}, {H}, {running.momentum})"]
     operands = {op.name: op for op in g.operands}
     for r in info.rotary:
         m.use(runtime + ".blocks", "check_rotary")

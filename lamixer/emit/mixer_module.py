@@ -178,7 +178,6 @@ class MixerWriter:
 
     def scan(self, state: str) -> None:
         """One scan_group call: the plan's scan group of `state` (several states: values side by side)."""
-        self.m.use(self.m.runtime + ".scan", "scan_group")
         group = self.plan.group(state)
         index = self.plan.groups.index(group)
         scans = [self.c.classification.scan(name) for name in group.states]
@@ -188,6 +187,7 @@ class MixerWriter:
         if not s.plain:
             self.substeps(s, group.decay.kind, group.chunk, index)
             return
+        self.m.use(self.m.runtime + ".scan", "scan_group")
 
         def operand(n: int | None) -> str:
             return "None" if n is None else self.tensor(self.env[n])

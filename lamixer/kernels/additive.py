@@ -5,7 +5,7 @@ import torch
 
 from ..runtime.scan import ScanOperands
 from .config import Config
-from .launch import ACC_NAMES, NAMESPACE, PRECISION, acc_precision, cdiv, chunks, pow2, run_scan_op, state_key_block, state_stages
+from .launch import ACC_NAMES, NAMESPACE, PRECISION, acc_precision, cdiv, chunks, diagonal_span, pow2, run_scan_op, state_key_block, state_stages
 from .loader import kernels
 
 
@@ -34,15 +34,6 @@ STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the 
 def _strip_args(common: dict, acc: torch.dtype, **changes) -> dict:
     """strips_bwd's shape arguments: `common` with `changes`, its float32 dots at FLOAT32_DOTS instead of PRECISION."""
     return {**{k: v for k, v in common.items() if k != "PRECISION"}, **changes, "ACC_PRECISION": acc_precision(acc, FLOAT32_DOTS)}
-
-
-def diagonal_span(dtype: torch.dtype) -> float:
-    """The most log decay (nats, along any key) a diagonal strip block may hold for its scores to be one dot of
-    q exp(E - P) and a exp(P - B) in the inputs' dtype (chunk_additive's scores_fwd, strips_bwd): the factors then
-    lie within e^-30..e^30 (1e-13..1e13) of q and a, far inside bfloat16's and float32's normal range; float16's
-    (6e-5..65504) leaves about e^4 around inputs of order 1..100. Blocks of stronger decay take the exact per-column
-    loop."""
-    return 4.0 if dtype == torch.float16 else 30.0
 
 
 def kernel_names(decay: str) -> list[str]:

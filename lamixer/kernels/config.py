@@ -14,7 +14,7 @@ class Config:
     gradient kernel (0: BV / num_warps); scan_delta (the delta rule) the same but for BK, the key block of its
     per-chunk kernels (its two sequential passes hold whole key rows)."""
 
-    BT: int  # chunk length (divides the 64-token segment of scan_delta's d(log decay))
+    BT: int  # chunk length
     BV: int
     BK: int
     num_warps: int
@@ -54,10 +54,8 @@ def delta_default_config(decay: str, K: int, V: int) -> Config:
     chunks, 64-wide key blocks, 4 warps, which beat the configurations that spill least. The value blocks, as
     chunk_additive's: BV of the per-chunk kernels (prepare, output, dv), whole value rows, so that the output kernel
     builds its scores once, not once per block (at least CHUNK_BLOCK); BW of the two sequential passes, which hold the state (wider keys take narrower blocks); BG of the
-    gradient kernel, which holds the most. A per-key decay holds [BT, BT, BK] weights: 16-token chunks. BK is the key
-    block of the per-chunk kernels; the sequential passes hold the whole state (in blocks of state_key_block
-    rows)."""
+    gradient kernel, which holds the most. BK is the key block of the per-chunk kernels; the sequential passes hold
+    the whole state (in blocks of state_key_block rows). A per-key decay takes the same: its chunk's pair terms are
+    built in 16-row strips of dots (decay/key.jinja)."""
     BW = min(64 if K <= 128 else 32, pow2(V))
-    if decay == "key":
-        return Config(16, BW, min(64, pow2(K)), 8, 1, BW=BW, BG=BW)
     return Config(64, min(128, pow2(V)), min(64, pow2(K)), 4, 1, BW=BW, BG=BW, warps_grad=8)

@@ -15,13 +15,10 @@ import torch
 from ..runtime import fuse
 from ..runtime.scan import ScanOperands
 from .config import Config
-from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, launch_args, pow2, run_scan_op, state_key_block, state_stages
+from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, diagonal_span, launch_args, pow2, run_scan_op, state_key_block, state_stages
 from .loader import kernels
 
 FAMILY = "scan_delta"
-
-
-SEGMENT = 64  # d(log decay) sums within segments of this many tokens (a multiple of every chunk length)
 
 
 KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_dgs_kernel", "bwd_grad_kernel")
@@ -45,7 +42,8 @@ CHUNK_BLOCK = 64
 
 
 def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None):
-    """The prepare kernel and the state pass: (T, W, U, states at chunk starts, final state, chunk layout).
+    """The prepare kernel and the state pass: (T, W, U, the weighed write keys of a per-key decay (else None), states at
+    chunk starts, final state, chunk layout).
 
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's), else solved."""
     B, T, H, K = a.shape
@@ -57,25 +55,27 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, precision: 
     varlen = cu is not None
     NC, indices, offsets = chunks(cu, B, T, BT)
     grid_chunks = (cdiv(T, BT), N * H) if not varlen else (NC, H)
-    work = acc if g is not None and g.dim() == 4 else a.dtype  # W, U, chunk-start states: the template's `lowp` (float32 under a per-key decay)
     solve = tm is None
     if solve:
         tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
-    w = torch.empty(B, T, H, K, dtype=work, device=a.device)
-    u = torch.empty(B, T, H, V, dtype=work, device=a.device)
+    w = torch.empty(B, T, H, K, dtype=a.dtype, device=a.device)
+    u = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
+    ad, gl = None, None  # a per-key decay's write keys weighed to the chunk's end and the chunks' log decays
+    if g is not None and g.dim() == 4:
+        ad, gl = torch.empty_like(w), torch.empty(NC, H, K, dtype=acc, device=a.device)
     shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
     getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
-        a, c, b, g, tm, w, u, cu, indices, T, BK=BK, SOLVE=solve, PRECISION="ieee", ACC_PRECISION=precision,
-        SOLVE_PRECISION=precision if work == acc else acc_precision(acc, SOLVE_HALF), **shapes,
+        a, c, b, g, tm, w, u, ad, gl, cu, indices, T, BK=BK, SOLVE=solve, SPAN=diagonal_span(a.dtype), PRECISION="ieee", ACC_PRECISION=precision,
+        SOLVE_PRECISION=precision if a.dtype == acc else acc_precision(acc, SOLVE_HALF), **shapes,
     )  # fmt: skip
-    h = torch.empty(NC, H, K, V, dtype=work, device=a.device)
+    h = torch.empty(NC, H, K, V, dtype=a.dtype, device=a.device)
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
-        a, g, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision,
-        **dict(shapes, BV=BW, num_stages=state_stages(work, K)),
+        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision,
+        **dict(shapes, BV=BW, num_stages=state_stages(a.dtype, K)),
     )  # fmt: skip
-    return tm, w, u, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
+    return tm, w, u, ad, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
@@ -86,12 +86,12 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = kernels(FAMILY, decay=decay, read=read, acc=ACC_NAMES[h0.dtype])
     cfg = Config.from_list(cfg)
-    tm, _, u, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, True, acc_precision(h0.dtype))
+    tm, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, True, acc_precision(h0.dtype))
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
-        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, PRECISION="ieee", **shapes,
+        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, SPAN=diagonal_span(a.dtype), PRECISION="ieee", **shapes,
     )  # fmt: skip
     return o, ht, tm
 
@@ -114,7 +114,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = acc_precision(acc)
-    _, w, u, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, False, precision, tm)
+    _, w, u, ad, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, False, precision, tm)
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -123,41 +123,45 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     do, dht = do.contiguous(), dht.contiguous()
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
     du = torch.empty(B, T, H, V, dtype=acc, device=a.device)
-    getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, do, du, cu_seqlens, indices, T, **common)
+    getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, do, du, cu_seqlens, indices, T, SPAN=diagonal_span(a.dtype), **common)
     dh = torch.empty_like(h)
+    # a per-key decay's reverse pass pipelines its decay tiles too: one stage fewer fits a Hopper block's shared memory
     dh0 = torch.empty_like(h0)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
-        q, qs, a, g, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
-        USE_DHT=True, **dict(common, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
+        q, qs, a, ad, g, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
+        USE_DHT=True, **dict(common, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K) - (decay == "key")),
     )  # fmt: skip
     dgs = None
     if decay != "none":
         longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        NS = cdiv(longest, SEGMENT)
-        dgs = torch.empty(N, NS, H, K, dtype=acc, device=a.device)
-        getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(NS, N * H)](
+        dgs = torch.empty(h.shape[0], H, K, dtype=acc, device=a.device)
+        getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(cdiv(longest, shapes["BT"]), N * H)](
             h, ht, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
-            P=SEGMENT, IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: narrower tiles were slower  # fmt: skip
+            IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: narrower tiles were slower  # fmt: skip
     dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
     NK = cdiv(K, shapes["BK"])
-    x_shape = (B, T, H, K) if decay == "key" else (NK, B, T, H)  # d(log decay)'s terms (the kernel's docstring)
-    xq, xr = (torch.empty(x_shape, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
+    if decay == "key":  # the kernel finishes d(log decay) (the kernel's docstring)
+        xq, xr = torch.empty_like(g), None
+    else:  # its terms, summed over each key block
+        xq, xr = (torch.empty(NK, B, T, H, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
-        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, cu_seqlens, indices, T, B * T * H,
+        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, cu_seqlens, indices, T, B * T * H, SPAN=diagonal_span(a.dtype),
         **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps),
     )  # fmt: skip
     if g is None:
         return dq, da, db, dc, q.new_empty(0), dh0
-    dg = fuse.function(_decay_grad, q.device, xq, xr, dgs, cu_seqlens, read, decay, g.dtype, when=cu_seqlens is None)
+    if decay == "key":
+        return dq, da, db, dc, xq, dh0
+    dg = fuse.function(_decay_grad, q.device, xq, xr, dgs, cu_seqlens, offsets, shapes["BT"], read, g.dtype, when=cu_seqlens is None)
     return dq, da, db, dc, dg, dh0
 
 
-def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
-    """Suffix sums along time within each segment of SEGMENT tokens (segments restart at every sequence)."""
+def _chunk_suffix_sums(x: torch.Tensor, cu, BT: int) -> torch.Tensor:
+    """Suffix sums along time within each chunk of BT tokens (chunks restart at every sequence)."""
     def within(y):  # y: [B, L, H, D]
         B, L = y.shape[:2]
-        pad = (-L) % SEGMENT
-        y = torch.nn.functional.pad(y, (0, 0, 0, 0, 0, pad)).reshape(B, -1, SEGMENT, *y.shape[2:])
+        pad = (-L) % BT
+        y = torch.nn.functional.pad(y, (0, 0, 0, 0, 0, pad)).reshape(B, -1, BT, *y.shape[2:])
         return y.flip(2).cumsum(2).flip(2).reshape(B, -1, *y.shape[3:])[:, :L]
 
     if cu is None:
@@ -166,35 +170,34 @@ def _segment_suffix_sums(x: torch.Tensor, cu) -> torch.Tensor:
     return torch.cat([within(x[:, s:e]) for s, e in zip(offsets[:-1], offsets[1:])], 1)
 
 
-def _decay_grad(xq, xr, dgs, cu, read, decay, out_dtype) -> torch.Tensor:
-    """d(log decay) of each token in out_dtype ([B, T, H] for a scalar decay, else [B, T, H, K]) from the gradient
-    kernel's terms xq = q * dq and xr = c * dc - a * da (float32, before dq, da, dc were rounded; c the erase key,
-    which sees the decay as a query after it does; a scalar decay's summed per key block, [NK, B, T, H]): within the
-    token's segment of SEGMENT tokens, the suffix sum of xq (at the read's position) + xr, plus the segment's
-    whole-decay term sum dS_end * S_end over the value dim (dgs [N, NS, H, K]).
+def _decay_grad(xq, xr, dgs, cu, chunk_offsets, BT: int, read: str, out_dtype) -> torch.Tensor:
+    """A scalar decay's d(log decay) [B, T, H] in out_dtype from the gradient kernel's terms xq = q * dq and
+    xr = c * dc - a * da (float32, before dq, da, dc were rounded; c the erase key, which sees the decay as a query
+    after it does), each summed per key block ([NK, B, T, H]): within the token's chunk, the suffix sum of xq (at the
+    read's position) + xr, plus the chunk's whole-decay term sum dS_end * S_end over the value dim and the keys (dgs
+    [chunks, H, K]).
 
-    Summing only within segments keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
+    Summing only within chunks keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
     backward op runs this under torch.compile (runtime/fuse.py: function) for unpacked sequences.
     """
-    if decay == "scalar":
-        xq, xr, dgs = xq.sum(0).unsqueeze(-1), xr.sum(0).unsqueeze(-1), dgs.sum(-1, keepdim=True)
+    xq, xr, dgs = xq.sum(0), xr.sum(0), dgs.sum(-1)
     B, T = xq.shape[:2]
     pos = torch.arange(T, device=xq.device)
     if cu is not None:
         starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
         pos = pos - starts
-    if read == "before":  # the read at i sees the decay through i - 1, of its own segment only
+    if read == "before":  # the read at i sees the decay through i - 1, of its own chunk only
         shifted = torch.cat([xq[:, 1:], torch.zeros_like(xq[:, :1])], 1)
-        keep = torch.cat([(pos[1:] % SEGMENT) != 0, torch.zeros(1, dtype=torch.bool, device=xq.device)])
-        xq = shifted * keep.view(1, T, 1, 1)
-    x = _segment_suffix_sums(xq + xr, cu)
-    seg = (pos // SEGMENT).view(1, T)
+        keep = torch.cat([(pos[1:] % BT) != 0, torch.zeros(1, dtype=torch.bool, device=xq.device)])
+        xq = shifted * keep.view(1, T, 1)
+    x = _chunk_suffix_sums((xq + xr).unsqueeze(-1), cu, BT)[..., 0]
+    chunk = pos // BT
     if cu is None:
-        x = x + dgs.gather(1, seg.expand(B, T).view(B, T, 1, 1).expand(B, T, *dgs.shape[2:]))
+        x = x + dgs.view(B, -1, dgs.shape[-1]).gather(1, chunk.expand(B, T).unsqueeze(-1).expand(B, T, dgs.shape[-1]))
     else:
         seq = torch.repeat_interleave(torch.arange(len(cu) - 1, device=xq.device), cu[1:] - cu[:-1])
-        x = x + dgs[seq, seg[0]].unsqueeze(0)
-    return (x[..., 0] if decay == "scalar" else x).to(out_dtype)
+        x = x + dgs[chunk_offsets[seq].long() + chunk].unsqueeze(0)
+    return x.to(out_dtype)
 
 
 delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward", _delta_backward, mutates_args=())

@@ -1,0 +1,62 @@
+"""Several writes per token as sub-steps of one chunked scan.
+
+A token whose update is n writes, each after its own decays (DeltaProduct's n_h Householder steps;
+RWKV-7's generalized delta rule, a write of a read of the state beside a plain one), is n sub-tokens
+of the chunked scan (lamixer.runtime.scan): sub-token (t, j) carries the decays just above write j
+and write j itself, so the scan runs over n * T sub-tokens as it runs over tokens, exactly, and
+differentiably. A read at sub-step j and position p is that sub-token's read at position p, taken at
+every n-th sub-token. A write whose erase reads the state before its decays marks its sub-token so
+(ScanOperands.c_before).
+"""
+from __future__ import annotations
+
+import torch
+
+from .scan import ScanOperands
+
+
+def _full(x: torch.Tensor | None, shape: tuple[int, int, int], width: int, like: torch.Tensor) -> torch.Tensor:
+    """An operand as [B, T, H, width]: a value with three leading axes that broadcast (a scalar has no fourth), or
+    zeros for None."""
+    if x is None:
+        return like.new_zeros(*shape, width)
+    if x.dim() == 3:
+        x = x.unsqueeze(-1)
+    return x.expand(*shape, width)
+
+
+def _interleave(xs: list[torch.Tensor]) -> torch.Tensor:
+    """[B, T, H, D] per sub-step -> [B, T * n, H, D], sub-step j of token t at t * n + j."""
+    x = torch.stack(xs, 2)
+    return x.reshape(x.shape[0], x.shape[1] * x.shape[2], *x.shape[3:])
+
+
+def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, reads: list, h0: torch.Tensor,
+                 cu_seqlens: torch.Tensor | None, chunk: int) -> tuple[list[torch.Tensor], torch.Tensor]:  # fmt: skip
+    """One state's scan whose token update is the sub-steps `writes`, each (key [.., K] or None for a unit key,
+    value [.., V] or None for zero, erase [.., K] or None, log decay [.., 1 | K | V] or None, whether the erase reads
+    the state before that decay), operands with three leading axes that broadcast to shape (B, T, H); decay the kind
+    over all sub-steps (the kernel plan's); reads [(query [.., K] or None for a unit query, sub-step, position)];
+    h0 [N, H, K, V]. `scan` runs the ScanOperands (torch_scan). Returns ([o per read, [B, T, H, V]], the final state)."""
+    B, T, H = shape
+    K, V = h0.shape[2], h0.shape[3]
+    n = len(writes)
+    one = h0.new_ones(1, 1, 1, 1)
+    a = _interleave([_full(one if k is None else k, shape, K, h0) for k, _, _, _, _ in writes])
+    b = _interleave([_full(v, shape, V, h0) for _, v, _, _, _ in writes])
+    erasing = any(c is not None for _, _, c, _, _ in writes)
+    c = _interleave([_full(c, shape, K, h0) for _, _, c, _, _ in writes]) if erasing else None
+    width = {"key": K, "value": V}.get(decay, 1)
+    g = _interleave([_full(lg, shape, width, h0) for _, _, _, lg, _ in writes]) if decay != "none" else None
+    before = None
+    if any(bf for *_, bf in writes):
+        marks = torch.tensor([bool(bf) for *_, bf in writes], device=h0.device)
+        before = marks.reshape(1, 1, n, 1, 1).expand(B, T, n, H, 1).reshape(B, T * n, H, 1)
+    queries = []
+    for q, _, position in reads:
+        q = _full(one if q is None else q, shape, K, h0)
+        queries.append((q.unsqueeze(2).expand(B, T, n, H, K).reshape(B, T * n, H, K), position))
+    cu = None if cu_seqlens is None else cu_seqlens * n
+    ops = ScanOperands(a, b, c, g, decay, queries, [None] * len(reads), h0, cu, chunk, c_before=before)
+    outs, final = scan(ops)
+    return [o.reshape(B, T, n, H, V)[:, :, step] for o, (_, step, _) in zip(outs, reads)], final
