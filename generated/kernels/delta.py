@@ -36,6 +36,11 @@ CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, 
 SOLVE_HALF = "tf32"
 
 
+# the state update's product under a per-key decay (decay/key.jinja's delta_update): float32 operands at tf32, since
+# its rounding reaches d(log decay), whose terms cancel (bench/results/NOTES.md, "The delta rule under a per-key decay")
+UPDATE = "tf32"
+
+
 # the per-chunk kernels' narrowest value block (prepare, output, A^T dO): Triton 3.6's code for narrower ones faulted on
 # the H200 (illegal memory accesses the interpreter's bounds check does not find: bench/results/NOTES.md)
 CHUNK_BLOCK = 64
@@ -60,9 +65,11 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, precision: 
         tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
     w = torch.empty(B, T, H, K, dtype=a.dtype, device=a.device)
     u = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
-    ad, gl = None, None  # a per-key decay's write keys weighed to the chunk's end and the chunks' log decays
+    # a per-key decay's write keys weighed to the chunk's end (float32: UPDATE_PRECISION's operands) and the chunks'
+    # log decays
+    ad, gl = None, None
     if g is not None and g.dim() == 4:
-        ad, gl = torch.empty_like(w), torch.empty(NC, H, K, dtype=acc, device=a.device)
+        ad, gl = torch.empty_like(w, dtype=acc), torch.empty(NC, H, K, dtype=acc, device=a.device)
     shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
     getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
         a, c, b, g, tm, w, u, ad, gl, cu, indices, T, BK=BK, SOLVE=solve, SPAN=diagonal_span(a.dtype), PRECISION="ieee", ACC_PRECISION=precision,
@@ -72,7 +79,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, precision: 
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
-        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision,
+        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision, UPDATE_PRECISION=acc_precision(acc, UPDATE),
         **dict(shapes, BV=BW, num_stages=state_stages(a.dtype, K)),
     )  # fmt: skip
     return tm, w, u, ad, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
