@@ -14,7 +14,7 @@ import torch
 
 from ..backends.binding import Call, bind
 from ..passes.pipeline import Compiled
-from ..runtime.call import _check_states, check_cu_seqlens
+from ..runtime.call import check_cu_seqlens, check_states
 from ..runtime.errors import ArgumentError
 from .shard import Local, Shard, agree, fingerprint
 
@@ -46,7 +46,7 @@ def bind_slice(compiled: Compiled, args: tuple, kwargs: dict, scale, initial_sta
         call = bind(compiled, args, kwargs, scale, None, None, compute_dtype)
         cu = None if cu_seqlens is None else global_offsets(cu_seqlens, call.batch, call.device)
         N = call.batch if cu is None else len(cu) - 1
-        found["states"] = _check_states(compiled.signature, initial_state, N, call.heads, call.sizes, call.device, call.compute_dtype)
+        found["states"] = check_states(compiled.signature, initial_state, N, call.heads, call.sizes, call.device, call.compute_dtype)
         found["call"] = call
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in [*call.inputs.values(), *found["states"].values()])
         sizes = fingerprint(call.heads, sorted(call.sizes.items()), str(call.compute_dtype), str(call.out_dtype))
@@ -61,7 +61,7 @@ def _localise(compiled: Compiled, call: Call, shard: Shard, initial_state, state
     if call.length != shard.lengths[shard.rank]:
         raise ArgumentError(compiled.signature.operands[0].name, f"has {call.length} tokens, but the Shard gives this rank {shard.lengths[shard.rank]}")
     if states is None:
-        states = _check_states(compiled.signature, initial_state, shard.sequences_total, call.heads, call.sizes, call.device, call.compute_dtype)
+        states = check_states(compiled.signature, initial_state, shard.sequences_total, call.heads, call.sizes, call.device, call.compute_dtype)
     index = torch.tensor(shard.sequences, dtype=torch.int64, device=call.device)
     local = {}
     for name, h0 in states.items():

@@ -341,7 +341,7 @@ def check(sig: Signature, tensors: dict, scale, initial_state, cu_seqlens, defau
             raise ArgumentError("scale", f"{sig.name} does not use a scale")
         scale_value = _scale_value(scale)
 
-    states = _check_states(sig, initial_state, N, H, sizes, device, compute_dtype)
+    states = check_states(sig, initial_state, N, H, sizes, device, compute_dtype)
     check_domains(sig.domains, tensors)
     return Call({op.name: tensors[op.name] for op in sig.operands}, sizes, B, T, H, scale_value, states, cu, compute_dtype, out_dtype,
                 state_dtype, device, longest)  # fmt: skip
@@ -383,7 +383,7 @@ def _check_cu(cu, B: int, T: int, device) -> tuple[torch.Tensor, int]:
     return cu.to(device=device, dtype=torch.int64), max(b - a for a, b in zip(offsets, offsets[1:]))
 
 
-def _check_states(sig: Signature, initial_state, N: int, H: int, sizes, device, dtype) -> dict[str, torch.Tensor]:
+def check_states(sig: Signature, initial_state, N: int, H: int, sizes, device, dtype) -> dict[str, torch.Tensor]:
     names = [name for name, _ in sig.states]
     if initial_state is None:
         given = [None] * len(names)
