@@ -14,6 +14,7 @@ from conftest import EXAMPLE_SPECS as EXAMPLES
 from test_layers import SMALL
 
 import lamixer
+from lamixer.backends import triton as triton_backend
 from lamixer.kernels import additive as chunk_host
 from lamixer.kernels import recurrent
 from lamixer.tools.check import random_call, rel_rms
@@ -300,6 +301,8 @@ def test_random_mixers_infer_as_the_interpreter_does(launches):
     def check(text, packed):
         m = load_or_located_error(text)
         if m is None or not all(s.reads for s in m.compiled.classification.scans):  # (the kernels need a read)
+            return
+        if triton_backend.unsupported(m.compiled):  # forms with no Triton template yet (several writes per token)
             return
         cu = [0, 2, 6] if packed else None
         tensors, states = random_call(m, B=1, T=6, H=2, size=3, cu_seqlens=cu)

@@ -283,11 +283,12 @@ def test_tracing_reads_the_configuration_an_eager_call_chose_for_its_shape(monke
     assert traced(x, 2 * 8192).tolist() == [64.0, 64.0]  # no eager call of that bucket: the last choice for these dims
 
 
-@pytest.mark.parametrize("spec", ["gated_deltanet", os.path.join(EXAMPLES, "gated_delta_vector.lam")])
+@pytest.mark.parametrize("spec", ["gated_deltanet"])
 def test_decay_gradient_assembly_fused(spec, monkeypatch):
-    """The backward ops assemble d(log decay) from the kernels' outputs with torch operations, which run under
-    torch.compile on a fusing device (runtime/fuse.py: function): the same gradients as unfused, bit for bit (the CPU standing in,
-    aot_eager; only that assembly fused here, the plan around the scans left unfused)."""
+    """The backward ops assemble a scalar decay's d(log decay) from the kernels' outputs with torch operations (a per-key
+    decay's is finished in its gradient kernel), which run under torch.compile on a fusing device (runtime/fuse.py:
+    function): the same gradients as unfused, bit for bit (the CPU standing in, aot_eager; only that assembly fused here,
+    the plan around the scans left unfused)."""
     from torch._dynamo.utils import counters
 
     m = lamixer.load(spec)

@@ -11,8 +11,6 @@ import functools
 import torch
 
 from ..ir.graph import CALL_CONSTANTS, VALUE_LEAVES
-from ..ir.graph import blocks as graph_blocks
-from ..ir.graph import stats as graph_stats
 from ..parallel import mixer as parallel
 from ..passes.classify import Scan
 from ..passes.kernel_plan import Form
@@ -61,8 +59,10 @@ class _Program:
         self.factors_key = tuple(self.constant_factors)
         self.groups = {st: (group, [compiled.classification.scan(name) for name in group.states]) for group in plan.groups for st in group.states}
         # each block attention's place in a call's window, and the statistics in the order a call reports them
-        self.blocks = {n: i for i, (n, _) in enumerate(graph_blocks(compiled.graph))}
-        self.stats = [n for n, _ in graph_stats(compiled.graph)]
+        # (from the plan's node table, not the graph: a first call may build this under torch.compile's tracing,
+        # which cannot enter networkx)
+        self.blocks = {n: i for i, n in enumerate(sorted(n for n in nodes if nodes[n]["op"] == "block_attention"))}
+        self.stats = sorted(n for n in nodes if nodes[n]["op"] == "stat")
 
     def _scan_deps(self, s: Scan) -> list[int]:
         deps = []
