@@ -106,3 +106,48 @@ def test_merge_keeps_each_specs_best_run_and_every_rate(mqar, tmp_path, capsys):
     for bad in (str(tmp_path / "bad.json"), str(tmp_path / "missing.json")):
         with pytest.raises(SystemExit, match="--merge: .*(bad|missing).json"):
             mqar.main(["--merge", bad])
+
+
+ZOOLOGY = Path(__file__).resolve().parent.parent / "examples" / "mqar_zoology.py"
+
+
+@pytest.fixture(scope="module")
+def zoology():
+    spec = importlib.util.spec_from_file_location("mqar_zoology_example", ZOOLOGY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("batch, seq_len, pairs, vocab", [(32, 64, 8, 256), (4, 512, 64, 8192), (16, 16, 4, 12)])
+def test_zoology_batch_scores_exactly_the_queries(zoology, batch, seq_len, pairs, vocab):
+    x, y = zoology.zoology_batch(batch, seq_len, pairs, vocab, torch.Generator().manual_seed(3))
+    assert x.shape == y.shape == (batch, seq_len) and x.min() >= 0 and x.max() < vocab
+    half, n = vocab // 2, pairs
+    for row_x, row_y in zip(x.tolist(), y.tolist()):
+        keys, values = row_x[0 : 2 * n : 2], row_x[1 : 2 * n : 2]
+        assert len(set(keys)) == n and all(1 <= k < half for k in keys)
+        assert len(set(values)) == n and all(half <= v < vocab for v in values)
+        scored = [t for t in range(seq_len) if row_y[t] != -100]
+        # n scored positions, all after the context at even offsets (Zoology's query slots), never the last position
+        assert len(scored) == n and all(t >= 2 * n and (t - 2 * n) % 2 == 0 and t < seq_len - 1 for t in scored)
+        # each key queried once, its target the value it was paired with
+        assert sorted(row_x[t] for t in scored) == sorted(keys)
+        assert all(row_y[t] == dict(zip(keys, values))[row_x[t]] for t in scored)
+
+
+def test_zoology_gaps_follow_the_power_law(zoology):
+    """power_a = 0.01 puts queries nearer the context than a uniform draw (power_a = 1) does."""
+    def mean_query_position(power_a):
+        _, y = zoology.zoology_batch(64, 512, 16, 8192, torch.Generator().manual_seed(5), power_a=power_a)
+        return (y != -100).nonzero()[:, 1].float().mean().item()
+
+    near, uniform = mean_query_position(0.01), mean_query_position(1.0)
+    assert near < 0.75 * uniform and 200 < uniform < 340  # uniform over 32 .. 510: about 271
+
+
+def test_zoology_best_run_per_width(zoology):
+    rows = [dict(spec="gla", d_model=64, lr=1e-3, accuracy=0.2), dict(spec="gla", d_model=64, lr=1e-2, accuracy=0.5),
+            dict(spec="gla", d_model=128, lr=1e-3, accuracy=0.7), dict(spec="deltanet", d_model=64, lr=1e-3, accuracy=0.9)]  # fmt: skip
+    best = zoology.best_per_spec(rows)
+    assert best["gla"]["64"]["lr"] == 1e-2 and best["gla"]["128"]["accuracy"] == 0.7 and best["deltanet"]["64"]["accuracy"] == 0.9
