@@ -1,4 +1,4 @@
-"""examples/mqar.py: the MQAR data generator, and the tiny configuration learning recall on the CPU."""
+"""examples/mqar.py: the MQAR data generator, and the tiny configuration learning recall on the CPU; examples/mqar_zoology.py: Zoology's data builder."""
 import importlib.util
 import json
 from pathlib import Path
