@@ -266,3 +266,7 @@ def test_importing_lamixer_registers_with_transformers_when_that_is_imported():
             "print(type(AutoConfig.for_model('lamixer', spec='gla', vocab_size=8, hidden_size=16, num_heads=2, num_layers=1)).__name__)\n")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "LamixerConfig", out.stderr[-2000:]
+    # transformers first imported by lamixer.hf's own classes: registered once they are loaded, without a warning
+    code = code.replace("from transformers import AutoConfig", "from lamixer.hf import LamixerConfig\nfrom transformers import AutoConfig")
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "LamixerConfig", out.stderr[-2000:]

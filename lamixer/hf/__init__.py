@@ -27,12 +27,19 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "register"]
 
 _registered = False
+_loading = False  # a class of this package is being loaded: transformers' first import inside it registers after it
 
 
 def __getattr__(name: str):
+    global _loading
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        _loading = True
+        try:
+            value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        finally:
+            _loading = False
         globals()[name] = value  # once loaded, a plain module attribute
+        register_on_import()
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -68,6 +75,8 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
 
         def exec_then_register(module):
             exec_module(module)
+            if _loading:  # imported by one of this package's modules: registering now would import it half-made
+                return
             try:
                 register()
             except Exception as e:  # a broken transformers install must not break the user's import of it
