@@ -588,7 +588,7 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     m_s = o_t[:, None] > o_t[None, :]
     lhs_, y_ = b_B, b_a
     b_dm = tl.where(m_s, b_dM, 0.)  # [BT, BT]
-    for i_s in tl.static_range(BT // 16):
+    for i_s in range(0, BT // 16):  # not unrolled: the gradient kernel holds the most (bench/results/NOTES.md)
         b_P = tl.sum(tl.where(o_t[:, None] == i_s * 16 - 1, b_B, 0.), axis=0)  # [BK] the log decay before strip i_s
         m_i = (o_t // 16) == i_s  # [BT] its rows
         diagonal = tl.max(tl.max(tl.where(m_i[:, None], b_P[None, :] - b_B, 0.), axis=1), axis=0) < SPAN
@@ -611,7 +611,7 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
                 b_da += tl.where(m_c[:, None], tl.sum(b_xw * b_c, axis=0)[None, :], 0.)
     lhs_, y_ = b_E, b_a
     b_dm = tl.where(m_r, b_dA, 0.)  # [BT, BT]
-    for i_s in tl.static_range(BT // 16):
+    for i_s in range(0, BT // 16):  # not unrolled: the gradient kernel holds the most (bench/results/NOTES.md)
         b_P = tl.sum(tl.where(o_t[:, None] == i_s * 16 - 1, b_B, 0.), axis=0)  # [BK] the log decay before strip i_s
         m_i = (o_t // 16) == i_s  # [BT] its rows
         diagonal = tl.max(tl.max(tl.where(m_i[:, None], b_P[None, :] - b_B, 0.), axis=1), axis=0) < SPAN
