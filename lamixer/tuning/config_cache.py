@@ -46,7 +46,7 @@ def cache_file() -> Path:
 LOCK_TIMEOUT_S = 60  # a store waits this long for another process's (one store holds the lock for milliseconds)
 
 BLOCKS = {1 << n for n in range(4, MAX_HEAD_DIM.bit_length())}  # block sizes: powers of two, dots take at least 16, a program at most a head dim
-CHUNKS = {16, 32, 64}  # chunk lengths: whole 16-row strips dividing scan_delta's 64-token segments
+CHUNKS = {16, 32, 64}  # chunk lengths: whole 16-row blocks, at most four (scan_delta's in-kernel solve and strips)
 WARPS = {1, 2, 4, 8, 16}
 # the values each setting of a stored configuration may take (in Config's order); 0 in BG and warps_grad: "as BV, num_warps"
 ALLOWED = {"BT": CHUNKS, "BV": BLOCKS, "BK": BLOCKS, "num_warps": WARPS, "num_stages": {1, 2, 3, 4}, "BW": BLOCKS, "BG": {0} | BLOCKS,
