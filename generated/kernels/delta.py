@@ -46,7 +46,7 @@ UPDATE = "tf32"
 CHUNK_BLOCK = 64
 
 
-def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None):
+def _forward(mod, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None):
     """The prepare kernel and the state pass: (T, W, U, the weighed write keys of a per-key decay (else None), states at
     chunk starts, final state, chunk layout).
 
@@ -68,7 +68,7 @@ def _forward(mod, a, b, c, g, h0, cu, c_cfg: Config, store_ht: bool, precision: 
     # a per-key decay's write keys weighed to the chunk's end (float32: UPDATE_PRECISION's operands) and the chunks'
     # log decays
     ad, gl = None, None
-    if g is not None and g.dim() == 4:
+    if decay == "key":
         ad, gl = torch.empty_like(w, dtype=acc), torch.empty(NC, H, K, dtype=acc, device=a.device)
     shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
     getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
@@ -93,7 +93,7 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = kernels(FAMILY, decay=decay, read=read, acc=ACC_NAMES[h0.dtype])
     cfg = Config.from_list(cfg)
-    tm, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, True, acc_precision(h0.dtype))
+    tm, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, decay, cfg, True, acc_precision(h0.dtype))
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
@@ -121,7 +121,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = acc_precision(acc)
-    _, w, u, ad, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, cfg, False, precision, tm)
+    _, w, u, ad, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, decay, cfg, False, precision, tm)
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1

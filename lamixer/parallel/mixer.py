@@ -78,7 +78,7 @@ def _transition_shape(ops: ScanOperands, rows: int, width: int) -> tuple[int, ..
         return rows, H, K, K
     if side == "value":
         return rows, H, 1, width
-    return rows, H, 1 if ops.g is None or ops.g.shape[-1] == 1 else K, 1
+    return rows, H, K if ops.decay == "key" else 1, 1  # the plan's decay kind: one factor per key row, or one for all
 
 
 def _first_piece(ops: ScanOperands, T1: int) -> ScanOperands:
