@@ -339,6 +339,9 @@ def test_check_counts_what_it_could_not_check_and_fails(tmp_path):
     two_reads.write_text("mixer two_reads\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S + k @ S\n")
     code, out = run("check", "--quick", "--backend", "triton", str(two_reads))
     assert code == 1 and "2 checks: 1 ok, 0 failed, 1 skipped" in out and "chunk kernels not available" in out
+    # by default triton checks only the specs it has kernels for, and says which it left to torch
+    code, out = run("check", "--quick", "rwkv7")
+    assert code == 0 and "triton: no kernels yet for rwkv7" in out and "0 failed, 0 skipped" in out
 
 
 def test_check_where_triton_cannot_run_exits_non_zero():
