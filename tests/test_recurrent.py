@@ -36,10 +36,10 @@ def launches(monkeypatch):
     seen.finished = finished
     launch = recurrent.launch
 
-    def spy(queries, qs, a, b, c, g, h0, cu, rule, decay, reads, out_dtype, *forms):
+    def spy(queries, qs, a, b, c, g, h0, cu, rule, decay, reads, out_dtype, *forms, **flags):
         seen.append((rule, decay, reads))
         finished.append((forms, a, c, queries))
-        return launch(queries, qs, a, b, c, g, h0, cu, rule, decay, reads, out_dtype, *forms)
+        return launch(queries, qs, a, b, c, g, h0, cu, rule, decay, reads, out_dtype, *forms, **flags)
 
     def chunk(*args):
         raise AssertionError("a chunk kernel ran where the recurrent kernel should")

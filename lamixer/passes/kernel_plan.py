@@ -173,9 +173,10 @@ def _group(g: ir.Graph, cls: Classification, nodes: dict[int, dict], states: tup
     reads = tuple(r.position for r in s.reads)
     normaliser = _normaliser(cls, states)
     missing = _missing(s)
-    train = None if missing else _train(s, decay, reads[0], normaliser is not None)
-    decoding = reads and s.plain
-    decode = Kernels(recurrent.FAMILY, (("rule", s.rule), ("decay", decay.kind), ("reads", "_".join(reads))), ("kernel",)) if decoding else None
+    erase = _erase_flag(s, decay)
+    train = None if missing else _train(s, decay, reads[0], normaliser is not None, erase)
+    decoding = reads and not _update_missing(s)
+    decode = Kernels(recurrent.FAMILY, (("rule", s.rule), ("decay", decay.kind), ("reads", "_".join(reads)), *erase), ("kernel",)) if decoding else None
     forms = _Forms(nodes)
     return ScanGroup(states, normaliser, s.rule, decay, reads, s.key_dim, tuple(cls.scan(st).value_dim for st in states),
                      CHUNK_VECTOR_DECAY if decay.kind in ("key", "value") else CHUNK_SCALAR_DECAY, train, decode, tuple(missing),
@@ -189,29 +190,40 @@ def _substeps(s: Scan) -> tuple[SubStep, ...]:
                  for w in s.writes)  # fmt: skip
 
 
+def _erase_flag(s: Scan, decay: Decay) -> tuple[tuple[str, bool], ...]:
+    """The render argument of a scan whose erases read the state before their sub-step's decay (RWKV-7's generalized
+    delta rule): the kernels take it as one flag for every sub-token of the scan, which holds since a sub-token
+    without an erase (c = 0) or without a decay of its own (log decay 0) is the same either way (_update_missing
+    refuses a scan where it is not). Without a decay there is nothing to read before."""
+    before = any(w.erase_before_decay for w in s.writes) and decay.kind != "none"
+    return (("erase_before", True),) if before else ()
+
+
+def _update_missing(s: Scan) -> list[str]:
+    """Why no kernel, chunked or recurrent, covers a scan's token update (empty when they do): the recurrent kernel
+    runs any number of writes (as sub-tokens, lamixer.runtime.substeps) and reads."""
+    if any(w.key is None for w in s.writes):
+        return [f"state {s.state}: a vector state read whole has no Triton template yet"]
+    decayed = {w.erase_before_decay for w in s.writes if w.erase is not None and w.log_decay is not None}
+    if len(decayed) > 1:
+        return [f"state {s.state}: writes that read the state before their decays beside writes that read it after them have "
+                "no Triton template yet"]  # fmt: skip
+    return []
+
+
 def _missing(s: Scan) -> list[str]:
-    """Why no chunk template covers a scan (empty when one does)."""
+    """Why no chunk template covers a scan (empty when one does). Several writes per token run as sub-tokens of the
+    scan (lamixer.runtime.substeps), a write of a read alone with a zero value, on the same kernels."""
     if not s.reads:
         return [f"state {s.state}: a scan without reads (final state only) has no Triton template yet"]
     if len(s.reads) > 1:
         return [f"state {s.state}: more than one read of one state has no Triton template yet"]
-    if len(s.writes) > 1:
-        return [f"state {s.state}: {len(s.writes)} writes per token have no Triton template yet (the torch backend runs them "
-                "as sub-steps)"]  # fmt: skip
-    (w,) = s.writes
-    if w.key is None:
-        return [f"state {s.state}: a vector state read whole has no Triton template yet"]
-    if w.erase_before_decay:
-        return [f"state {s.state}: a write that reads the state before its decay (the generalized delta rule) has no Triton "
-                "template yet"]  # fmt: skip
-    if w.erase is not None and w.value is None:
-        return [f"state {s.state}: a write of a read of the state alone (no value term) has no Triton template yet"]
-    return []
+    return _update_missing(s)
 
 
-def _train(s: Scan, decay: Decay, read: str, ones: bool) -> Kernels:
+def _train(s: Scan, decay: Decay, read: str, ones: bool, erase: tuple[tuple[str, bool], ...]) -> Kernels:
     if s.rule == "delta":
-        return Kernels(delta.FAMILY, (("decay", decay.kind), ("read", read)), tuple(delta.kernel_names(decay.kind)))
+        return Kernels(delta.FAMILY, (("decay", decay.kind), ("read", read), *erase), tuple(delta.kernel_names(decay.kind)))
     args = additive.template_args(decay.kind, read, "", ones)
     args.pop("acc")
     return Kernels(additive.FAMILY, tuple(args.items()), tuple(additive.kernel_names(decay.kind)))
