@@ -30,9 +30,9 @@ def test_each_additive_kernel_file_defines_its_named_kernels():
     from lamixer.kernels.additive import kernel_names
 
     files = {p.stem: p for p in (GENERATED / "kernels").glob("*_additive_*.py") if not p.stem.startswith("recurrent")}
-    # every configuration the shipped specs classify into, once: gsa's first state decays along the value dim
-    # and lln's scan with its normaliser (_ones)
-    assert sorted(files) == ["chunk_additive_key_after", "chunk_additive_key_before", "chunk_additive_none_after",
+    # every configuration the shipped specs classify into, once: gsa's first state decays along the value dim,
+    # lln's scan with its normaliser (_ones) and retnet's per-head constant decay
+    assert sorted(files) == ["chunk_additive_constant_after", "chunk_additive_key_after", "chunk_additive_key_before", "chunk_additive_none_after",
                              "chunk_additive_none_after_ones", "chunk_additive_scalar_after", "chunk_additive_value_after"]  # fmt: skip
     for stem, path in files.items():
         names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}

@@ -84,6 +84,15 @@ def chunk_config(group: ScanGroup, call: Call, dtype: torch.dtype, configs: dict
     return choose.choose(group, dtype, call.batch, call.length, call.heads, K, V, call.device)
 
 
+def chunk_scan(group: ScanGroup, dtype: torch.dtype, config: Config):
+    """The group's chunk kernels as a scan implementation (ScanOperands -> results): its template's host entry, told the
+    decay its kernels were rendered for where that is not the operands' kind (a per-head constant on chunk_additive's
+    "constant" kernels)."""
+    run = functools.partial(CHUNK_SCANS[group.train.template], dtype=dtype, config=config)
+    rendered = dict(group.train.args)["decay"]
+    return run if rendered == group.decay.kind else functools.partial(run, decay=rendered)
+
+
 def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """o and the final states (evaluate.run's), every scan group on its kernels. configs: a configuration per chunk
     template that overrides the tuned ones (the autotuner's candidates; such calls run unfused)."""
@@ -122,5 +131,5 @@ def _choices(compiled: Compiled, call: Call, interpreted: bool, configs: dict[st
             scans[g.states] = (functools.partial(recurrent.scan, dtype=dtype), False)
         else:
             config = chunk_config(g, call, dtype, configs)
-            scans[g.states] = (functools.partial(CHUNK_SCANS[g.train.template], dtype=dtype, config=config), g.normaliser is not None)
+            scans[g.states] = (chunk_scan(g, dtype, config), g.normaliser is not None)
     return scans, direct, evaluate.program(compiled, direct), not decoding

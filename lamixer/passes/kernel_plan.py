@@ -27,7 +27,7 @@ CHUNK_VECTOR_DECAY = 8
 
 @dataclass(frozen=True)
 class Decay:
-    kind: str  # what the kernels run: "none" | "scalar" | "key" | "value" (a per-head constant runs as "scalar")
+    kind: str  # what the kernels run: "none" | "scalar" | "key" | "value" (a per-head constant: "scalar", but chunk_additive's own "constant" kernels, Kernels.args)
     axis: str | None  # the state dim a per-dim decay runs along (None: no decay, or one factor for the whole state)
     constant: bool  # free of per-token inputs: a per-head constant such as RetNet's
 
@@ -224,9 +224,12 @@ def _missing(s: Scan) -> list[str]:
 def _train(s: Scan, decay: Decay, read: str, ones: bool, erase: tuple[tuple[str, bool], ...]) -> Kernels:
     if s.rule == "delta":
         return Kernels(delta.FAMILY, (("decay", decay.kind), ("read", read), *erase), tuple(delta.kernel_names(decay.kind)))
-    args = additive.template_args(decay.kind, read, "", ones)
+    # chunk_additive reads a per-head constant once per sequence and head; sub-tokens (several writes per token) carry
+    # a token's decay on its first alone, so theirs is a scalar decay
+    kind = "constant" if decay.constant and len(s.writes) == 1 else decay.kind
+    args = additive.template_args(kind, read, "", ones)
     args.pop("acc")
-    return Kernels(additive.FAMILY, tuple(args.items()), tuple(additive.kernel_names(decay.kind)))
+    return Kernels(additive.FAMILY, tuple(args.items()), tuple(additive.kernel_names(kind)))
 
 
 

@@ -32,13 +32,16 @@ def usable(group: ScanGroup, config: Config, V: int) -> bool:
 
 def entry_hashes(group: ScanGroup, acc: str = "float32") -> list[str]:
     """The kernel sources whose tuned entries serve the group, in order: its own, then, for kernels carrying a
-    normaliser, their plain form's (the same kernels but for a [K] vector per chunk); none for a group without chunk
-    kernels."""
+    normaliser, their plain form's (the same kernels but for a [K] vector per chunk), and for a per-head constant
+    decay, its scalar form's (the same kernels reading the decay per token: a [BT] load and cumsum per chunk more);
+    none for a group without chunk kernels."""
     if group.train is None:
         return []
     forms = [group.train]
     if group.normaliser is not None:
         forms.append(Kernels(group.train.template, tuple(kv for kv in group.train.args if kv[0] != "ones"), group.train.names))
+    if dict(group.train.args).get("decay") == "constant":
+        forms += [Kernels(k.template, tuple((n, "scalar" if n == "decay" else v) for n, v in k.args), k.names) for k in forms]
     return [source_hash(k.template, **k.render_args(acc)) for k in forms]
 
 
