@@ -45,13 +45,14 @@ TINY = dict(specs="gated_deltanet,deltanet", d_models="64", lrs="3e-3", seq_len=
 
 
 # ---- data ----
-def zoology_batch(batch: int, seq_len: int, num_kv_pairs: int, vocab: int, generator: torch.Generator, power_a: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
+def zoology_batch(batch: int, seq_len: int, num_kv_pairs: int, vocab: int, generator: torch.Generator, power_a: float = 0.01,
+                  random_fill: bool = True) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(inputs, targets), both [batch, seq_len] int64: targets[b, t] is what the model must predict after inputs[b, :t+1]
     (the value of the key at a query position), IGNORE elsewhere.
 
     Context: k_1 v_1 .. k_n v_n at 0 .. 2n-1. Queries: each key once, in random order, at 2n + 2 * gap, the n gaps drawn
     without replacement from 0 .. (seq_len - 2n) / 2 - 1 with probability proportional to (gap + 1)^(power_a - 1).
-    Everything else is uniform over the vocabulary."""
+    Everything else is uniform over the vocabulary, or token 0 (never a key or value) without random_fill."""
     n = num_kv_pairs
     half = vocab // 2
     space = (seq_len - 2 * n) // 2
@@ -63,7 +64,7 @@ def zoology_batch(batch: int, seq_len: int, num_kv_pairs: int, vocab: int, gener
     on = dict(generator=g, device=g.device)
     keys = torch.rand(batch, half - 1, **on).argsort(dim=1)[:, :n] + 1
     values = torch.rand(batch, vocab - half, **on).argsort(dim=1)[:, :n] + half
-    inputs = torch.randint(vocab, (batch, seq_len), **on)
+    inputs = torch.randint(vocab, (batch, seq_len), **on) if random_fill else torch.zeros(batch, seq_len, dtype=torch.int64, device=g.device)
     inputs[:, 0 : 2 * n : 2] = keys
     inputs[:, 1 : 2 * n : 2] = values
     weight = torch.arange(1, space + 1, device=g.device, dtype=torch.float64) ** (power_a - 1)
@@ -78,7 +79,7 @@ def zoology_batch(batch: int, seq_len: int, num_kv_pairs: int, vocab: int, gener
 def batch_of(cfg: argparse.Namespace, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     if cfg.data == "uniform":
         return mqar.mqar_batch(batch, cfg.seq_len, cfg.num_kv_pairs, cfg.vocab, generator)
-    return zoology_batch(batch, cfg.seq_len, cfg.num_kv_pairs, cfg.vocab, generator, cfg.power_a)
+    return zoology_batch(batch, cfg.seq_len, cfg.num_kv_pairs, cfg.vocab, generator, cfg.power_a, cfg.non_queries == "random")
 
 
 # ---- model ----
@@ -242,6 +243,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", choices=["zoology", "uniform"], default="zoology", help="zoology: power-law query gaps, any filler; "
                    "uniform: examples/mqar.py's sequences")  # fmt: skip
     p.add_argument("--power-a", type=float, default=0.01, help="Zoology's power law of the query gaps (1: uniform)")
+    p.add_argument("--non-queries", choices=["random", "zero"], default="random", help="what fills the positions that are "
+                   "neither pairs nor queries: random tokens (Zoology's default) or token 0 (its random_non_queries=False)")
     p.add_argument("--mlp", choices=["model", "none"], default="none", help="each block's MLP: the model's own (the hf model's SwiGLU, "
                    "examples/mqar.py's GELU), or none (Zoology's MQAR models)")  # fmt: skip
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SPEC.OPTION=VALUE", help="a layer option of one spec")
