@@ -36,8 +36,10 @@ CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, 
 SOLVE_HALF = "tf32"
 
 
-# the state update's product under a per-key decay (decay/key.jinja's delta_update): float32 operands at tf32, since
-# its rounding reaches d(log decay), whose terms cancel (bench/results/NOTES.md, "The delta rule under a per-key decay")
+# the state update's product under a per-key decay (decay/key.jinja's delta_update) for half-precision inputs: float32
+# operands at tf32, since its rounding reaches d(log decay), whose terms cancel (bench/results/NOTES.md, "The delta rule
+# under a per-key decay"); float32 inputs keep ACC_PRECISION there, as SOLVE_HALF leaves them theirs: at tf32 their
+# d(log decay) would lose float32's precision to the same cancellation
 UPDATE = "tf32"
 
 
@@ -79,7 +81,8 @@ def _forward(mod, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool,
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
-        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision, UPDATE_PRECISION=acc_precision(acc, UPDATE),
+        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision,
+        UPDATE_PRECISION=precision if a.dtype == acc else acc_precision(acc, UPDATE),
         **dict(shapes, BV=BW, num_stages=state_stages(a.dtype, K)),
     )  # fmt: skip
     return tm, w, u, ad, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
