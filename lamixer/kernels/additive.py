@@ -208,7 +208,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
             **_strip_args(common, acc))  # fmt: skip
         common.pop("PRECISION")
         getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
-            q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
+            q, qs, a, dq_part, da_part, dgs, dA, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
     else:
         learn = {"DECAY_GRAD": decay_grad} if g is not None else {}
         dgc = torch.empty(NC, H, dtype=acc, device=a.device) if decay == "constant" and decay_grad else dg  # per chunk
