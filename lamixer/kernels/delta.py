@@ -124,7 +124,7 @@ def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False):
 
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
+                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
                     decay: str, read: str, cfg: list[int],
                     erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
@@ -154,7 +154,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         dgs = torch.empty(h.shape[0], H, K, dtype=acc, device=a.device)
         getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(cdiv(longest, shapes["BT"]), N * H)](
-            h, ht, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
+            g, h, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
             IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: narrower tiles were slower  # fmt: skip
     dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
     NK = cdiv(K, shapes["BK"])
@@ -224,21 +224,21 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 
 
 @delta_scan_backward.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, decay, read, cfg, erase_before=False):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, do, dht, decay, read, cfg, erase_before=False):
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
     q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before = inputs
-    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[1], output[2])
+    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2])
     ctx.config = (decay, read, cfg, erase_before)
 
 
 def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
-    q, qs, a, b, c, g, h0, cu_seqlens, ht, tm = ctx.saved_tensors
-    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, *ctx.config)
+    q, qs, a, b, c, g, h0, cu_seqlens, tm = ctx.saved_tensors
+    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, do, dht, *ctx.config)
     return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None
 
 
