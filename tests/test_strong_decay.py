@@ -1,0 +1,57 @@
+"""Strong decays in float32: the Triton chunk kernels' d(log decay) and final state against the float64 torch backend.
+
+At a log decay of -20 per token d(log decay) is of the size of e^-20, while a token's own write read by its own query
+is O(1): formed as differences of sums that hold such terms, it was rounding alone (relative errors 50 to 180, and
+1e28 at -88); the kernels leave those terms out of it (kernels/templates/free_pairs.jinja). Log decays below the log
+of float32's smallest normal number are floored there (render.templates.floored), so at -88 (U(0.9, 1.1) times the
+level) the reference takes the floored decays: the kernels' definition, which float32 cannot do better than (the true
+d(log decay) of such tokens is below float32's normal range).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import lamixer
+from lamixer.tools.check import random_call, rel_rms
+
+SPECS = ["gla", "simple_gla", "gated_deltanet", "kda"]  # per-key and scalar decays, the additive and the delta rule
+FLOOR = math.log(torch.finfo(torch.float32).tiny)
+
+
+def _strong(m, tensors: dict, level: float) -> dict:
+    """The call's log decay inputs at level * U(0.9, 1.1), floored as the kernels floor them."""
+    gen = torch.Generator().manual_seed(1)
+    out = dict(tensors)
+    for op in m.compiled.graph.operands:
+        if op.kind == "input" and op.domain == (-math.inf, 0.0):
+            x = tensors[op.name]
+            out[op.name] = (level * (0.9 + 0.2 * torch.rand(x.shape, generator=gen, dtype=torch.float64))).clamp(min=FLOOR).to(x.dtype)
+    return out
+
+
+def _run(m, tensors: dict, h0: torch.Tensor, backend: str, do: torch.Tensor, dht: torch.Tensor):
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in tensors.items()}
+    o, ht = m(**leaves, initial_state=h0, output_final_state=True, backend=backend)
+    (o * do.to(o.dtype)).sum().add_((ht * dht.to(ht.dtype)).sum()).backward()
+    return leaves["g"].grad, ht.detach()
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_log_decay_gradient_and_final_state_under_strong_decay(name):
+    m = lamixer.load(name)
+    base, (h0,) = random_call(m, B=1, T=70, H=1, size=16, dtype=torch.float32, seed=3, distinct=False)  # a chunk and a part
+    gen = torch.Generator().manual_seed(2)
+    do = torch.randn(1, 70, 1, 16, generator=gen, dtype=torch.float64)
+    dht = torch.randn(h0.shape, generator=gen, dtype=torch.float64)
+    for level in (-20.0, -88.0):
+        tensors = _strong(m, base, level)
+        dg_ref, ht_ref = _run(m, {k: v.double() for k, v in tensors.items()}, h0.double(), "torch", do, dht)
+        dg, ht = _run(m, tensors, h0, "triton", do, dht)
+        # what limits d(log decay) now: the pair weights exp(E_i - B_j), differences of two within-chunk sums of up to
+        # 64 log decays, each rounded to its size's precision (ulp(64 * 88) / 2 = 2.4e-4 at -88); measured 1.1e-5 to
+        # 1.8e-5 at -20, 2e-5 (scalar) to 1.2e-4 (per key) at -88
+        assert rel_rms(dg, dg_ref) < (1e-4 if level == -20.0 else 5e-4), (name, level, rel_rms(dg, dg_ref))
+        assert rel_rms(ht, ht_ref) < 1e-6, (name, level, rel_rms(ht, ht_ref))
