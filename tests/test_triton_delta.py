@@ -172,8 +172,8 @@ def test_the_forward_keeps_each_chunks_inverse_for_the_backward():
             Tm = tm[0, rows, h, :n]
             assert torch.allclose(Tm @ (torch.eye(n, dtype=M.dtype) - M.tril(-1)), torch.eye(n, dtype=M.dtype), atol=1e-12)
     do, dht = torch.randn_like(o), torch.randn_like(ht)
-    grads = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, ht, tm, do, dht, "scalar", "after", cfg)
-    wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, ht, tm * 0.5, do, dht, "scalar", "after", cfg)
+    grads = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm, do, dht, "scalar", "after", cfg)
+    wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm * 0.5, do, dht, "scalar", "after", cfg)
     assert all(torch.isfinite(x).all() for x in grads)
     assert not torch.allclose(grads[1], wrong[1])
 
