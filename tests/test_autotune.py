@@ -252,7 +252,7 @@ def test_shipped_configurations_key_on_current_kernels():
         assert data["version"] == at.CACHE_VERSION, f.name
         for key in data["entries"]:
             device, stack, source, dtype, bucket = key.split("|")
-            assert source in current and stack.startswith("triton "), f"{f.name}: {key}"
+            assert source in current and stack.startswith("triton "), f"{f.name}: {key} (bench/rekey_tuned.py carries entries over a source change)"
 
 
 def test_tuned_entries_key_on_the_compiler_stack(private_cache):
