@@ -44,7 +44,7 @@ def test_each_delta_kernel_file_defines_its_named_kernels():
     from lamixer.kernels.delta import kernel_names
 
     files = list((GENERATED / "kernels").glob("scan_delta_*.py"))
-    assert len(files) == 3  # deltanet (no decay), gated_deltanet (scalar decay), kda (per-key decay)
+    assert len(files) == 4  # deltanet (no decay), gated_deltanet and gated_deltaproduct (scalar), kda (per-key), rwkv7 (per-key, erase before)
     for path in files:
         names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
         assert names == {f"{path.stem}_float32_{k}" for k in kernel_names(path.stem.split("_")[2])}, path
@@ -52,7 +52,7 @@ def test_each_delta_kernel_file_defines_its_named_kernels():
 
 def test_each_recurrent_kernel_file_defines_its_kernel():
     files = list((GENERATED / "kernels").glob("recurrent_*.py"))
-    assert len(files) == 8  # additive with each decay (key: read before or after), delta with no, scalar and per-key decay
+    assert len(files) == 9  # additive with each decay (key: read before or after), delta with no, scalar and per-key decay (and erase before)
     for path in files:
         names = {f.name for f in ast.parse(path.read_text()).body if isinstance(f, ast.FunctionDef)}
         assert names == {path.stem + "_float32_kernel"}, path

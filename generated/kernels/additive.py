@@ -15,7 +15,7 @@ def template_args(decay: str, read: str, acc: str, ones: bool = False) -> dict:
     return dict(decay=decay, read=read, **({"ones": True} if ones else {}), acc=acc)
 
 
-FAMILY = "chunk_additive"  # the additive rule's template, every decay: none, scalar, along the key or the value dim
+FAMILY = "chunk_additive"  # the additive rule's template, every decay: none, scalar, constant, along the key or the value dim
 
 
 STRIP_DECAYS = ("key", "value")  # decays whose chunk scores are built in strips
@@ -140,10 +140,12 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0=None):
 def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
                         h0: torch.Tensor, cu_seqlens: torch.Tensor | None, hs: torch.Tensor, A: torch.Tensor, do: torch.Tensor,
                         dht: torch.Tensor, decay: str, read: str, cfg: list[int], zs: torch.Tensor | None = None,
-                        doz: torch.Tensor | None = None, dzt: torch.Tensor | None = None,
+                        doz: torch.Tensor | None = None, dzt: torch.Tensor | None = None, decay_grad: bool = True,
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, da, db, dg, dh0, dz0) of chunk_scan; dg is empty without a decay, dz0 without a normaliser (zs, doz, dzt:
-    its states entering each chunk, the gradients of its output and final state)."""
+    """(dq, da, db, dg, dh0, dz0) of chunk_scan; dg is empty without a decay (or, decay_grad false, where the log
+    decay needs no gradient: the dense kernels then leave it out), dz0 without a normaliser (zs, doz, dzt: its states
+    entering each chunk, the gradients of its output and final state). A constant decay's dg is [N, H], its chunks'
+    sums (the gradient kernel's) summed per sequence."""
     ones = zs is not None
     mod = kernels(FAMILY, **template_args(decay, read, ACC_NAMES[h0.dtype], ones))
     B, T, H, K = a.shape
@@ -156,7 +158,8 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dhs = torch.empty_like(hs)
     dh0 = torch.empty_like(h0)
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
-    dg = torch.empty_like(g) if g is not None else q.new_empty(0)
+    decay_grad = g is not None and (decay_grad or decay in STRIP_DECAYS)  # the strip and value forms always give it
+    dg = torch.empty_like(g) if decay_grad else q.new_empty(0)
     if ones:
         doz, dzt = doz.contiguous(), dzt.contiguous()
         dzs, dz0 = torch.empty_like(zs), torch.empty_like(dzt)
@@ -205,20 +208,32 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
             **_strip_args(common, acc))  # fmt: skip
         common.pop("PRECISION")
         getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
-            q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
+            q, qs, a, dq_part, da_part, dgs, dA, dq, da, dg, cu_seqlens, indices, T, num_warps=8, **common)
     else:
-        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, None, None, *((zs, dzs, doz) if ones else ()),
+        learn = {"DECAY_GRAD": decay_grad} if g is not None else {}
+        dgc = torch.empty(NC, H, dtype=acc, device=a.device) if decay == "constant" and decay_grad else dg  # per chunk
+        grads[(1, NC, H)](q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dgc, None, None, *((zs, dzs, doz) if ones else ()),
                           cu_seqlens, indices, T, BV=c.BG or c.BV, num_warps=c.warps_grad or c.num_warps, num_stages=c.num_stages,
-                          **common)  # fmt: skip
+                          **common, **learn)  # fmt: skip
+        if dgc is not dg:
+            dg = _per_sequence_sums(dgc, indices, N).to(g.dtype)
     return dq, da, db, dg, dh0, dz0
+
+
+def _per_sequence_sums(per_chunk: torch.Tensor, indices: torch.Tensor | None, N: int) -> torch.Tensor:
+    """[chunks, H] summed over each sequence's chunks: [N, H] (indices: chunk_indices of packed sequences)."""
+    if indices is None:  # N sequences of equally many chunks, in order
+        return per_chunk.view(N, -1, per_chunk.shape[-1]).sum(1)
+    return per_chunk.new_zeros(N, per_chunk.shape[-1]).index_add_(0, indices[:, 0].long(), per_chunk)
 
 
 chunk_scan_backward = torch.library.custom_op(f"{NAMESPACE}::chunk_scan_backward", _chunk_backward_impl, mutates_args=())
 
 
 @chunk_scan_backward.register_fake
-def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg, zs=None, doz=None, dzt=None):
-    return (torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if g is not None else q.new_empty(0),
+def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg, zs=None, doz=None, dzt=None, decay_grad=True):
+    learn = g is not None and (decay_grad or decay in STRIP_DECAYS)
+    return (torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if learn else q.new_empty(0),
             torch.empty_like(h0), torch.empty_like(dzt) if zs is not None else h0.new_empty(0))  # fmt: skip
 
 
@@ -241,8 +256,9 @@ def _chunk_grads(ctx, do, dht, doz, dzt, backward) -> tuple:
         doz = torch.zeros(a.shape[:3], dtype=b.dtype, device=b.device) if doz is None else doz
         dzt = h0.new_zeros(h0.shape[:3]) if dzt is None else dzt
         normaliser = (zs, doz, dzt)
-    dq, da, db, dg, dh0, dz0 = backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config, *normaliser)
-    return dq, None, da, db, dg if g is not None else None, dh0, None, None, None, None, dz0 if zs is not None else None
+    learn = g is not None and ctx.needs_input_grad[4]  # the log decay's: a constant's is often no leaf's
+    dq, da, db, dg, dh0, dz0 = backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config, *normaliser, decay_grad=learn)
+    return dq, None, da, db, dg if learn else None, dh0, None, None, None, None, dz0 if zs is not None else None
 
 
 def _chunk_setup_context(ctx, inputs, output):
@@ -282,20 +298,43 @@ def walk_key_blocks(c: Config, K: int) -> tuple[int, int]:
     return min(state_key_block(K), KB), KB
 
 
-def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[torch.Tensor], torch.Tensor]:
+def scan(ops: ScanOperands, dtype: torch.dtype, config: Config, decay: str | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One scan group on chunk_additive's kernels, launched with `config`: q, a, b contiguous [B, T, H, D] in `dtype`
     (the caller's tensors pass through untouched when they already are); decay and state in float32 (float64 when the
-    inputs are). Returns ([o], final state), and the normaliser's ([oz], final z) when the group carries one (ops.z0)."""
+    inputs are). Returns ([o], final state), and the normaliser's ([oz], final z) when the group carries one (ops.z0).
+    decay: the kind the kernels were rendered for where it is not ops.decay: "constant" (the kernel plan's, for a log
+    decay that is one number per sequence and head), read as one per sequence and head, not per token."""
     ((q, read),) = ops.reads
     (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    g = None if ops.g is None else ops.g[..., 0].contiguous() if ops.decay == "scalar" else ops.g.contiguous()
+    decay = decay or ops.decay
+    g = _log_decay(ops, decay)
     a, b, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, q))
     h0 = ops.h0.to(acc).contiguous()
     qs = qs.to(acc).contiguous() if qs is not None else None
     z0 = ops.z0.to(acc).contiguous() if ops.z0 is not None else None
-    o, ht, oz, zt = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), z0)
+    o, ht, oz, zt = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list(), z0)
     return ([o], ht) if z0 is None else ([o], ht, [oz], zt)
+
+
+def _log_decay(ops: ScanOperands, decay: str) -> torch.Tensor | None:
+    """The log decay as the kernels of `decay` read it: [B, T, H] (scalar), [B, T, H, K or V], or [N, H] (constant)."""
+    if ops.g is None:
+        return None
+    if decay == "constant":
+        return _constant_decay(ops.g, ops.cu_seqlens).contiguous()
+    return ops.g[..., 0].contiguous() if decay == "scalar" else ops.g.contiguous()
+
+
+def _constant_decay(g: torch.Tensor, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    """A log decay constant over each sequence, [B, T, H, 1] (a spec's per-head constant broadcast, or one made of
+    statistics, per batch row or packed sequence), as the constant kernels read it: each sequence's first token's,
+    [N, H]: N * H values sliced or gathered, no pass over the tokens; autograd takes d(constant) back to the
+    expression it came from."""
+    if cu_seqlens is None or g.shape[1] == 0:
+        first = g[:, :1, :, 0].sum(1)  # token 0 (a sum over at most one token: zeros, still differentiable, when T = 0)
+        return first if cu_seqlens is None else first.expand(len(cu_seqlens) - 1, -1)
+    return g[0, cu_seqlens[:-1], :, 0]  # each packed sequence's first token (none is empty: runtime.call checks)
 
 
 ONES_BLOCK = 64  # the narrowest output block of the kernels carrying a normaliser (below)

@@ -56,29 +56,45 @@ def chunk_additive_key_before_float32_state_fwd(
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
-        b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
-        b_h0 = b_h0 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
+        # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
+        # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
+        # the other writes' reach, e^-20 and less at such decays, may round as B_last does
+        b_last = tl.sum(tl.where(o_t[None, :] == BT - 1, b_B, 0.), axis=1)
+        b_R = b_last[:, None] - b_B
+        b_h0 = b_h0 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_R)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 1 * BK:
             tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
-            b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
-            b_h1 = b_h1 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
+            # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
+            # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
+            # the other writes' reach, e^-20 and less at such decays, may round as B_last does
+            b_last = tl.sum(tl.where(o_t[None, :] == BT - 1, b_B, 0.), axis=1)
+            b_R = b_last[:, None] - b_B
+            b_h1 = b_h1 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_R)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 2 * BK:
             tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
-            b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
-            b_h2 = b_h2 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
+            # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
+            # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
+            # the other writes' reach, e^-20 and less at such decays, may round as B_last does
+            b_last = tl.sum(tl.where(o_t[None, :] == BT - 1, b_B, 0.), axis=1)
+            b_R = b_last[:, None] - b_B
+            b_h2 = b_h2 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_R)).to(b_b.dtype), b_b, input_precision=PRECISION)
         if KB > 3 * BK:
             tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
-            b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
-            b_h3 = b_h3 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_last[:, None] - b_B)).to(b_b.dtype), b_b, input_precision=PRECISION)
+            # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
+            # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
+            # the other writes' reach, e^-20 and less at such decays, may round as B_last does
+            b_last = tl.sum(tl.where(o_t[None, :] == BT - 1, b_B, 0.), axis=1)
+            b_R = b_last[:, None] - b_B
+            b_h3 = b_h3 * tl.exp(b_last)[:, None] + tl.dot((b_aT * tl.exp(b_R)).to(b_b.dtype), b_b, input_precision=PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
         tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
@@ -109,10 +125,11 @@ def chunk_additive_key_before_float32_cumsum_fwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
 
@@ -137,6 +154,7 @@ def chunk_additive_key_before_float32_scores_fwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
@@ -152,8 +170,8 @@ def chunk_additive_key_before_float32_scores_fwd(
         b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
         diagonal = tl.max(tl.max(b_P[None, :] - b_Bi, axis=1), axis=0) < SPAN  # the strip's own log decay (padding: <= 0)
         m_j = (o_t < (i_i + diagonal.to(tl.int32)) * BC) & m_t  # the rows the dot takes
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_B = tl.load(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_B = tl.load(Bc + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)
         b_ad = b_a * tl.exp(tl.where(m_j[:, None], b_P[None, :] - b_B, float("-inf")))
         b_qd = b_qi * tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
         b_A = tl.dot(b_qd.to(a.dtype.element_ty), tl.trans(b_ad.to(a.dtype.element_ty)), input_precision=PRECISION)  # [BC, BT]
@@ -189,22 +207,23 @@ def chunk_additive_key_before_float32_output_fwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_E = tl.load(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_E -= tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
+    b_E = tl.load(Bc + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_E -= tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_qd = (b_q * tl.exp(b_E)).to(b_q.dtype)
     b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]  # the diagonal blocks hold their own mask
     b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & m_ij, other=0.)  # [BT, BT]
-    b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+    b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
     tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
@@ -327,21 +346,25 @@ def chunk_additive_key_before_float32_grads_bwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B - b_g
     b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
+    # from each token to the chunk's end: a reverse cumsum, not B_last - B, a difference of two sums of up to BT log
+    # decays rounded to their size's precision (decay/scalar.jinja's chunk_decay)
+    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # [BT, BK]
     m_ij = o_t[:, None] > o_t[None, :]
     b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.)  # [BT, BT]
-    b_a_end = (b_a * tl.exp(b_last[None, :] - b_B)).to(b_a.dtype)
+    b_a_end = (b_a * tl.exp(b_R)).to(b_a.dtype)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_da = tl.zeros([BT, BK], dtype=tl.float32)
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
@@ -349,8 +372,8 @@ def chunk_additive_key_before_float32_grads_bwd(
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        b_do = tl.load(do + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_dh = tl.load(dhs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
         b_dA += tl.dot(b_do, tl.trans(b_b), input_precision=PRECISION)
@@ -362,9 +385,11 @@ def chunk_additive_key_before_float32_grads_bwd(
         tl.store(db + (t[:, None] * H + i_h) * V + o_v[None, :], b_db.to(db.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
     b_dA = tl.where(m_ij, b_dA, 0.)
     b_dq = b_dq * tl.exp(b_E)
-    b_da = b_da * tl.exp(b_last[None, :] - b_B)
-    # sum_v dS_end * S_end, S_end = exp(B_last) h + sum_j (a_j exp(B_last - B_j)) b_j^T
-    b_dgs = b_hdh * tl.exp(b_last) + tl.sum(b_a.to(tl.float32) * b_da, axis=0)  # [BK]
+    b_da = b_da * tl.exp(b_R)
+    # sum_v dS_end * S_end, S_end = exp(B_last) h + sum_j (a_j exp(R_j)) b_j^T, without the chunk's last write, which
+    # no decay weighs: decay_bwd leaves it out of its a * da as well (free_pairs.jinja)
+    b_xa = tl.where((o_t == tl.minimum(L - i_t * BT, BT) - 1)[:, None], 0., b_a.to(tl.float32) * b_da)
+    b_dgs = b_hdh * tl.exp(b_last) + tl.sum(b_xa, axis=0)  # [BK]
     tl.store(dA + (t[:, None] * H + i_h) * BT + o_t[None, :], b_dA.to(dA.dtype.element_ty), mask=m_t[:, None])
     tl.store(dq + (t[:, None] * H + i_h) * K + o_k[None, :], b_dq, mask=m_t[:, None] & m_k[None, :])
     tl.store(da + (t[:, None] * H + i_h) * K + o_k[None, :], b_da, mask=m_t[:, None] & m_k[None, :])
@@ -383,7 +408,8 @@ def chunk_additive_key_before_float32_strips_bwd(
     diagonal block the same way when its own log decay P - Z stays under SPAN nats (scores_fwd), else row by row.
     The dots take dA and the decayed rows in float32 at ACC_PRECISION, as FLA's intra-chunk gradients do: d(log
     decay) sums q dq - a da, in which these parts cancel pair by pair (with bf16 operands gla's bf16 d(log decay)
-    measured 2.1e-2 relative at D = 128, T = 8192 on the H200, FLA's 2.4e-3; bench/results/NOTES.md)."""
+    measured 2.1e-2 relative at D = 128, T = 8192 on the H200, FLA's 2.4e-3; bench/results/NOTES.md).
+    The pairs no decay weighs are left out (free_pairs.jinja): decay_bwd adds them after d(log decay)."""
     i_i = tl.program_id(0)
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -417,6 +443,7 @@ def chunk_additive_key_before_float32_strips_bwd(
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
         b_Ej = b_Bj - tl.maximum(tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
         b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
+        b_dAij = tl.where((i_i * BC + o_c)[:, None] == (i_j * BC + o_c)[None, :] + 1, 0., b_dAij)
         b_dq += tl.dot(b_dAij, b_aj * tl.exp(b_P[None, :] - b_Bj), input_precision=ACC_PRECISION)
     b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
     for i_j in range(i_i + 1 - diagonal, tl.cdiv(tl.minimum(L - i_t * BT, BT), BC)):  # later blocks (and the diagonal one), against Z
@@ -428,6 +455,7 @@ def chunk_additive_key_before_float32_strips_bwd(
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
         b_Ej = b_Bj - tl.maximum(tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
         b_dAji = tl.load(dA + (rj[:, None] * H + i_h) * BT + (i_i * BC + o_c)[None, :], mask=m_rj[:, None], other=0.)  # [BC, BC]
+        b_dAji = tl.where((i_j * BC + o_c)[:, None] == (i_i * BC + o_c)[None, :] + 1, 0., b_dAji)
         b_qd = b_qj * tl.exp(tl.where(m_rj[:, None], b_Ej - b_Z[None, :], float("-inf")))
         b_da += tl.dot(tl.trans(b_dAji), b_qd, input_precision=ACC_PRECISION)
     b_da *= tl.exp(tl.where(m_ri[:, None], b_Z[None, :] - b_Bi, float("-inf")))
@@ -443,6 +471,8 @@ def chunk_additive_key_before_float32_strips_bwd(
             b_E1 = b_B1 - tl.maximum(tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32), -87.3365447505531)
             b_col = tl.load(dA + (ri * H + i_h) * BT + i_i * BC + jj, mask=m_ri, other=0.)  # [BC] dA[i, jj]
             b_row = tl.load(dA + (r1 * H + i_h) * BT + i_i * BC + o_c)  # [BC] dA[jj, j]
+            b_col = tl.where(o_c == jj + 1, 0., b_col)
+            b_row = tl.where(jj == o_c + 1, 0., b_row)
             # dq_i += dA[i, jj] a_jj exp(E_i - B_jj) for the rows i that see jj
             b_dq += b_col[:, None] * b_a1[None, :] * tl.exp(tl.where((o_c > jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))
             # da_j += dA[jj, j] q_jj exp(E_jj - B_j) for the columns j that row jj sees (the loop stops at the last real row)
@@ -455,12 +485,14 @@ def chunk_additive_key_before_float32_strips_bwd(
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_key_before_float32_decay_bwd(
-    q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, chunk_indices, T,
+    q, qs, a, dq_part, da_part, dgs, dA, dq, da, dg, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """d(log decay) = suffix sums within the chunk of q*dq - a*da, plus the chunk's end term; and dq, da in the
-    inputs' dtype. One program per (chunk, head)."""
+    inputs' dtype. One program per (chunk, head). The suffix sums leave out the terms no decay weighs
+    (free_pairs.jinja): the last write's reach to the chunk's end, the first read of the entering state, and the pairs
+    strips_bwd left out, which join dq and da after."""
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -473,22 +505,36 @@ def chunk_additive_key_before_float32_decay_bwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
     if USE_QS:
         b_q = b_q * tl.load(qs + i_h)
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_dq = tl.load(dq_part + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-    b_da = tl.load(da_part + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+    b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_dq = tl.load(dq_part + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)
+    b_da = tl.load(da_part + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)
     b_xq = b_q * b_dq
     b_xa = b_a * b_da
+    b_xq = tl.where((o_t == 0)[:, None], 0., b_xq)
+    b_xa = tl.where((o_t == tl.minimum(L - i_t * BT, BT) - 1)[:, None], 0., b_xa)
     b_dg = tl.cumsum(b_xq, axis=0, reverse=True) - b_xq - tl.cumsum(b_xa, axis=0, reverse=True)
     b_dg += tl.load(dgs + (i_c.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)[None, :]
     p = (t[:, None] * H + i_h) * K + o_k[None, :]
     m = m_t[:, None] & m_k[None, :]
     tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
+    # the pairs no decay weighs (weight exactly 1), which strips_bwd and d(log decay) left out: dq_i += dA_ij a_j and
+    # da_j += dA_ij q_i for the read i of the write j
+    t_p, m_p = t - 1, m_t & (o_t > 0)  # the rows before, where the chunk has them
+    b_d = tl.load(dA + (t * H + i_h) * BT + o_t - 1, mask=m_p, other=0.)  # [BT] dA_{i, i-1}
+    b_dq += b_d[:, None] * tl.load(a + (t_p[:, None] * H + i_h) * K + o_k[None, :], mask=m_p[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    t_n, m_n = t + 1, (o_t + 1 < BT) & (i_t * BT + o_t + 1 < L)  # the rows after, where the chunk has them
+    b_d = tl.load(dA + (t_n * H + i_h) * BT + o_t, mask=m_n, other=0.)  # [BT] dA_{j+1, j}
+    b_qn = tl.load(q + (t_n[:, None] * H + i_h) * K + o_k[None, :], mask=m_n[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    if USE_QS:
+        b_qn = b_qn * tl.load(qs + i_h)
+    b_da += b_d[:, None] * b_qn
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
     tl.store(dq + p, b_dq.to(dq.dtype.element_ty), mask=m)

@@ -98,24 +98,24 @@ def chunk_additive_none_after_float32_output_fwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_qd = (b_q).to(b_q.dtype)
     b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]
-    b_W = tl.where(m_ij, 1., 0.).to(tl.float32)  # [BT, BT]
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W  # [BT, BT]
-    b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+    b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_A = tl.where(m_ij, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION), 0.)  # [BT, BT]
+    b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
-    tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    tl.store(o + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -219,17 +219,17 @@ def chunk_additive_none_after_float32_grads_bwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     m_ij = o_t[:, None] >= o_t[None, :]
-    b_W = tl.where(m_ij, 1., 0.).to(tl.float32)  # [BT, BT]
-    b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W  # [BT, BT]
+    b_A = tl.where(m_ij, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION), 0.)  # [BT, BT]
     b_a_end = (b_a).to(b_a.dtype)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_da = tl.zeros([BT, BK], dtype=tl.float32)
@@ -237,8 +237,8 @@ def chunk_additive_none_after_float32_grads_bwd(
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        b_do = tl.load(do + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_dh = tl.load(dhs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
         b_dA += tl.dot(b_do, tl.trans(b_b), input_precision=PRECISION)
@@ -246,14 +246,14 @@ def chunk_additive_none_after_float32_grads_bwd(
         b_da += tl.dot(b_b, tl.trans(b_dh).to(b_b.dtype), input_precision=PRECISION)
         b_db = tl.dot(tl.trans(b_A).to(b_do.dtype), b_do, input_precision=PRECISION)
         b_db += tl.dot(b_a_end, b_dh.to(b_a_end.dtype), input_precision=PRECISION)
-        tl.store(db + (t[:, None] * H + i_h) * V + o_v[None, :], b_db.to(db.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        tl.store(db + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_db.to(db.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
     b_dA = tl.where(m_ij, b_dA, 0.)
     b_dq = b_dq
     b_da = b_da
-    b_dAW = (b_dA * b_W).to(b_a.dtype)
+    b_dAW = (b_dA).to(b_a.dtype)
     b_dq += tl.dot(b_dAW, b_a, input_precision=PRECISION)
     b_da += tl.dot(tl.trans(b_dAW), b_q, input_precision=PRECISION)
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
-    tl.store(dq + (t[:, None] * H + i_h) * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-    tl.store(da + (t[:, None] * H + i_h) * K + o_k[None, :], b_da.to(da.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+    tl.store(dq + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+    tl.store(da + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), b_da.to(da.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])

@@ -57,7 +57,8 @@ def chunk_additive_scalar_after_float32_state_fwd(
         b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
         b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
-        b_b = (b_b * tl.exp(b_last - b_B)[:, None]).to(b_b.dtype)
+        b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # [BT] from each token to the chunk's end (0 at its last)
+        b_b = (b_b * tl.exp(b_R)[:, None]).to(b_b.dtype)
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         b_h0 = b_h0 * tl.exp(b_last) + tl.dot(b_aT.to(b_b.dtype), b_b, input_precision=PRECISION)
@@ -105,12 +106,13 @@ def chunk_additive_scalar_after_float32_output_fwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
@@ -121,11 +123,11 @@ def chunk_additive_scalar_after_float32_output_fwd(
     b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]
     b_W = tl.exp(tl.where(m_ij, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W  # [BT, BT]
-    b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+    b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
-    tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    tl.store(o + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -182,6 +184,7 @@ def chunk_additive_scalar_after_float32_state_bwd(
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
+        b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # [BT] from each token to the chunk's end (0 at its last)
         b_do = (b_do * tl.exp(b_E)[:, None]).to(b_do.dtype)
         tl.store(p_dhs + s_kv, b_h0.to(dhs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
@@ -220,7 +223,7 @@ def chunk_additive_scalar_after_float32_state_bwd(
 def chunk_additive_scalar_after_float32_grads_bwd(
     q, qs, a, b, g, A, hs, dhs, do, dq, da, db, dg, dA, dgs, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, DECAY_GRAD: tl.constexpr,
 ):
     """Per chunk (one program per chunk and head, walking the value blocks): db, and the parts of dq and
     da through the states entering and leaving the chunk; then the chunk's own
@@ -237,53 +240,62 @@ def chunk_additive_scalar_after_float32_grads_bwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
+    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # [BT] from each token to the chunk's end (0 at its last)
     m_ij = o_t[:, None] >= o_t[None, :]
     b_W = tl.exp(tl.where(m_ij, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W  # [BT, BT]
-    b_a_end = (b_a * tl.exp(b_last - b_B)[:, None]).to(b_a.dtype)
+    b_a_end = (b_a * tl.exp(b_R)[:, None]).to(b_a.dtype)
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_da = tl.zeros([BT, BK], dtype=tl.float32)
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)
-    b_hdh = tl.zeros([BK], dtype=tl.float32)  # sum_v dS_end * h
+    if DECAY_GRAD:
+        b_hdh = tl.zeros([BK], dtype=tl.float32)  # sum_v dS_end * h
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
-        b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        b_do = tl.load(do + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_dh = tl.load(dhs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
         b_dA += tl.dot(b_do, tl.trans(b_b), input_precision=PRECISION)
         b_dq += tl.dot(b_do, tl.trans(b_h).to(b_do.dtype), input_precision=PRECISION)
         b_da += tl.dot(b_b, tl.trans(b_dh).to(b_b.dtype), input_precision=PRECISION)
-        b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
+        if DECAY_GRAD:
+            b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
         b_db = tl.dot(tl.trans(b_A).to(b_do.dtype), b_do, input_precision=PRECISION)
         b_db += tl.dot(b_a_end, b_dh.to(b_a_end.dtype), input_precision=PRECISION)
-        tl.store(db + (t[:, None] * H + i_h) * V + o_v[None, :], b_db.to(db.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        tl.store(db + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_db.to(db.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
     b_dA = tl.where(m_ij, b_dA, 0.)
     b_dq = b_dq * tl.exp(b_E)[:, None]
-    b_da = b_da * tl.exp(b_last - b_B)[:, None]
-    # sum_v dS_end * S_end, S_end = exp(B_last) h + sum_j (a_j exp(B_last - B_j)) b_j^T
-    b_dgs = b_hdh * tl.exp(b_last) + tl.sum(b_a.to(tl.float32) * b_da, axis=0)  # [BK]
+    b_da = b_da * tl.exp(b_R)[:, None]
+    if DECAY_GRAD:  # d(log decay)'s terms through the states entering and leaving the chunk
+        b_xq = tl.sum(b_q.to(tl.float32) * b_dq, axis=1)  # [BT] q_i . dq_i
+        b_xa = tl.where(o_t == tl.minimum(L - i_t * BT, BT) - 1, 0., tl.sum(b_a.to(tl.float32) * b_da, axis=1))  # [BT] a_j . da_j
+        b_dgs = tl.sum(b_hdh, axis=0) * tl.exp(b_last) + tl.sum(b_xa, axis=0)
     b_dAW = (b_dA * b_W).to(b_a.dtype)
     b_dq += tl.dot(b_dAW, b_a, input_precision=PRECISION)
     b_da += tl.dot(tl.trans(b_dAW), b_q, input_precision=PRECISION)
-    b_xq = tl.sum(b_q.to(tl.float32) * b_dq, axis=1)  # [BT] q_i . dq_i
-    b_xa = tl.sum(b_a.to(tl.float32) * b_da, axis=1)
-    b_dg = tl.cumsum(b_xq, axis=0, reverse=True) - tl.cumsum(b_xa, axis=0, reverse=True) + tl.sum(b_dgs, axis=0)
-    tl.store(dg + t * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
+    if DECAY_GRAD:
+        b_P = b_dA * b_A
+        b_P = tl.where(o_t[:, None] == o_t[None, :], 0., b_P)  # [BT, BT]
+        b_xq += tl.sum(b_P, axis=1)
+        b_xa += tl.sum(b_P, axis=0)
+        b_dg = tl.cumsum(b_xq, axis=0, reverse=True) - tl.cumsum(b_xa, axis=0, reverse=True) + b_dgs
+        tl.store(dg + t * H + i_h, b_dg.to(dg.dtype.element_ty), mask=m_t)
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
-    tl.store(dq + (t[:, None] * H + i_h) * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-    tl.store(da + (t[:, None] * H + i_h) * K + o_k[None, :], b_da.to(da.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+    tl.store(dq + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), b_dq.to(dq.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+    tl.store(da + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), b_da.to(da.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])

@@ -102,10 +102,11 @@ def chunk_additive_value_after_float32_cumsum_fwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
 
@@ -130,6 +131,7 @@ def chunk_additive_value_after_float32_scores_fwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
@@ -145,8 +147,8 @@ def chunk_additive_value_after_float32_scores_fwd(
         b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
         diagonal = tl.max(tl.max(b_P[None, :] - b_Bi, axis=1), axis=0) < SPAN  # the strip's own log decay (padding: <= 0)
         m_j = (o_t < (i_i + diagonal.to(tl.int32)) * BC) & m_t  # the rows the dot takes
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_B = tl.load(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+        b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_B = tl.load(Bc + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)
         b_ad = b_a * tl.exp(tl.where(m_j[:, None], b_P[None, :] - b_B, float("-inf")))
         b_qd = b_qi * tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
         b_A = tl.dot(b_qd.to(a.dtype.element_ty), tl.trans(b_ad.to(a.dtype.element_ty)), input_precision=PRECISION)  # [BC, BT]
@@ -183,21 +185,22 @@ def chunk_additive_value_after_float32_output_fwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BV]
+    b_g = tl.maximum(tl.load(g + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BV]
     b_E = tl.cumsum(b_g, axis=0)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_o = tl.dot(b_q.to(tl.float32), b_h, input_precision=ACC_PRECISION) * tl.exp(b_E)  # [BT, BV]
     tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o, mask=m_t[:, None] & m_v[None, :])
     if i_v == 0:
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_A = tl.where(o_t[:, None] >= o_t[None, :], tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION), 0.)  # [BT, BT]
         tl.store(A + (t[:, None] * H + i_h) * BT + o_t[None, :], b_A.to(A.dtype.element_ty), mask=m_t[:, None])
 
@@ -310,14 +313,15 @@ def chunk_additive_value_after_float32_grads_bwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)
     b_da = tl.zeros([BT, BK], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(V, BV)):
@@ -325,9 +329,9 @@ def chunk_additive_value_after_float32_grads_bwd(
         m_v = o_v < V
         p_tv = (t[:, None] * H + i_h) * V + o_v[None, :]
         m_tv = m_t[:, None] & m_v[None, :]
-        b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
-        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)
+        b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+        b_do = tl.load(do + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)
+        b_g = tl.maximum(tl.load(g + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_end = tl.exp(tl.sum(b_g, axis=0)[None, :] - b_B)  # [BT, BV] each write's reach to the chunk's end
@@ -457,15 +461,16 @@ def chunk_additive_value_after_float32_decay_bwd(
         L = T
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
+    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
+    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)  # [BT, BK]
     if USE_QS:
         b_q = b_q * tl.load(qs + i_h)
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
-    b_dq = tl.load(dq_part + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
-    b_da = tl.load(da_part + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)
+    b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32)
+    b_dq = tl.load(dq_part + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)
+    b_da = tl.load(da_part + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)
     b_xq = b_q * b_dq
     b_xa = b_a * b_da
     b_dg = tl.cumsum(b_xq, axis=0, reverse=True) - tl.cumsum(b_xa, axis=0, reverse=True)

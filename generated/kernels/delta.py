@@ -36,8 +36,10 @@ CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, 
 SOLVE_HALF = "tf32"
 
 
-# the state update's product under a per-key decay (decay/key.jinja's delta_update): float32 operands at tf32, since
-# its rounding reaches d(log decay), whose terms cancel (bench/results/NOTES.md, "The delta rule under a per-key decay")
+# the state update's product under a per-key decay (decay/key.jinja's delta_update) for half-precision inputs: float32
+# operands at tf32, since its rounding reaches d(log decay), whose terms cancel (bench/results/NOTES.md, "The delta rule
+# under a per-key decay"); float32 inputs keep ACC_PRECISION there, as SOLVE_HALF leaves them theirs: at tf32 their
+# d(log decay) would lose float32's precision to the same cancellation
 UPDATE = "tf32"
 
 
@@ -79,19 +81,27 @@ def _forward(mod, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool,
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
-        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision, UPDATE_PRECISION=acc_precision(acc, UPDATE),
+        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision,
+        UPDATE_PRECISION=precision if a.dtype == acc else acc_precision(acc, UPDATE),
         **dict(shapes, BV=BW, num_stages=state_stages(a.dtype, K)),
     )  # fmt: skip
     return tm, w, u, ad, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
+def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
+    """The rendered kernels, with the kernel plan's render arguments in its order (kernel_plan._train)."""
+    return kernels(FAMILY, decay=decay, read=read, **({"erase_before": True} if erase_before else {}), acc=ACC_NAMES[acc])
+
+
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
+                   erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
-    the chunks' T = (I - M)^-1 [B, T, H, BT], kept for the backward so that it does not solve again).
+    the chunks' T = (I - M)^-1 [B, T, H, BT], kept for the backward so that it does not solve again). erase_before:
+    the erase reads S_{t-1} instead (S_{t-1}^T c_t, the generalized delta rule).
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
-    mod = kernels(FAMILY, decay=decay, read=read, acc=ACC_NAMES[h0.dtype])
+    mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
     tm, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, decay, cfg, True, acc_precision(h0.dtype))
     B, T, H, _ = a.shape
@@ -107,17 +117,18 @@ delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward,
 
 
 @delta_scan.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), h0.new_empty(B, T, H, Config.from_list(cfg).BT)
 
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, ht: torch.Tensor, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
-                    decay: str, read: str, cfg: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
+                    decay: str, read: str, cfg: list[int],
+                    erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
-    mod = kernels(FAMILY, decay=decay, read=read, acc=ACC_NAMES[h0.dtype])
+    mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = acc_precision(acc)
@@ -143,7 +154,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
         dgs = torch.empty(h.shape[0], H, K, dtype=acc, device=a.device)
         getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(cdiv(longest, shapes["BT"]), N * H)](
-            h, ht, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
+            g, h, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
             IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: narrower tiles were slower  # fmt: skip
     dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
     NK = cdiv(K, shapes["BK"])
@@ -159,7 +170,8 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         return dq, da, db, dc, q.new_empty(0), dh0
     if decay == "key":
         return dq, da, db, dc, xq, dh0
-    dg = fuse.function(_decay_grad, q.device, xq, xr, dgs, cu_seqlens, offsets, shapes["BT"], read, g.dtype, when=cu_seqlens is None)
+    shifted = read == "before" or erase_before
+    dg = fuse.function(_decay_grad, q.device, xq, xr, dgs, cu_seqlens, offsets, shapes["BT"], shifted, g.dtype, when=cu_seqlens is None)
     return dq, da, db, dc, dg, dh0
 
 
@@ -177,12 +189,13 @@ def _chunk_suffix_sums(x: torch.Tensor, cu, BT: int) -> torch.Tensor:
     return torch.cat([within(x[:, s:e]) for s, e in zip(offsets[:-1], offsets[1:])], 1)
 
 
-def _decay_grad(xq, xr, dgs, cu, chunk_offsets, BT: int, read: str, out_dtype) -> torch.Tensor:
+def _decay_grad(xq, xr, dgs, cu, chunk_offsets, BT: int, shifted: bool, out_dtype) -> torch.Tensor:
     """A scalar decay's d(log decay) [B, T, H] in out_dtype from the gradient kernel's terms xq = q * dq and
     xr = c * dc - a * da (float32, before dq, da, dc were rounded; c the erase key, which sees the decay as a query
-    after it does), each summed per key block ([NK, B, T, H]): within the token's chunk, the suffix sum of xq (at the
-    read's position) + xr, plus the chunk's whole-decay term sum dS_end * S_end over the value dim and the keys (dgs
-    [chunks, H, K]).
+    after it does), each summed per key block ([NK, B, T, H]): within the token's chunk, the suffix sum of xq + xr,
+    xq from the next token on when `shifted` (a read before the decay; under erase_before the kernel puts c * dc in xq,
+    and q * dq in xr where the read is after the decay), plus the chunk's whole-decay term sum dS_end * S_end over the
+    value dim and the keys (dgs [chunks, H, K]).
 
     Summing only within chunks keeps the rounding of dq and da from accumulating over the sequence. On a GPU the
     backward op runs this under torch.compile (runtime/fuse.py: function) for unpacked sequences.
@@ -193,7 +206,7 @@ def _decay_grad(xq, xr, dgs, cu, chunk_offsets, BT: int, read: str, out_dtype) -
     if cu is not None:
         starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1])
         pos = pos - starts
-    if read == "before":  # the read at i sees the decay through i - 1, of its own chunk only
+    if shifted:  # the read (or erase) at i sees the decay through i - 1, of its own chunk only
         shifted = torch.cat([xq[:, 1:], torch.zeros_like(xq[:, :1])], 1)
         keep = torch.cat([(pos[1:] % BT) != 0, torch.zeros(1, dtype=torch.bool, device=xq.device)])
         xq = shifted * keep.view(1, T, 1)
@@ -211,22 +224,22 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 
 
 @delta_scan_backward.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, decay, read, cfg):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, do, dht, decay, read, cfg, erase_before=False):
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg = inputs
-    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[1], output[2])
-    ctx.config = (decay, read, cfg)
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before = inputs
+    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2])
+    ctx.config = (decay, read, cfg, erase_before)
 
 
 def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
-    q, qs, a, b, c, g, h0, cu_seqlens, ht, tm = ctx.saved_tensors
-    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, ht, tm, do, dht, *ctx.config)
-    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None
+    q, qs, a, b, c, g, h0, cu_seqlens, tm = ctx.saved_tensors
+    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, do, dht, *ctx.config)
+    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None
 
 
 def _backward(ctx, do, dht, _dtm):
@@ -253,7 +266,9 @@ class _EagerDeltaScan(torch.autograd.Function):
 
 def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One delta-rule scan on scan_delta's kernels, launched with `config`: q, a, b, c contiguous [B, T, H, D] in
-    `dtype`; decay and state in float32 (float64 when the inputs are)."""
+    `dtype`; decay and state in float32 (float64 when the inputs are). A scan given ops.c_before runs with every erase
+    reading the state before its sub-token's decay (the template's erase_before: the kernel plan gives these kernels
+    no scan where that differs between sub-tokens that decay and erase)."""
     ((q, read),) = ops.reads
     (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -261,6 +276,7 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[to
     a, b, c, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, ops.c, q))
     h0 = ops.h0.to(acc).contiguous()
     qs = qs.to(acc).contiguous() if qs is not None else None
-    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list())
+    erase_before = ops.c_before is not None and ops.decay != "none"  # without a decay, before and after are one state
+    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before)
     o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht

@@ -59,25 +59,28 @@ def _strides(x: torch.Tensor | None) -> tuple[int, int, int, int]:
 
 
 @functools.lru_cache(maxsize=1024)
-def _kernel(rule: str, decay: str, reads: str, acc: torch.dtype, K: int, V: int, programs: int, device: torch.device):
-    """(the jitted kernel, BK, BV, num_warps) for one configuration and shape: looked up once per shape."""
-    mod = kernels(FAMILY, rule=rule, decay=decay, reads=reads, acc=ACC_NAMES[acc])
+def _kernel(rule: str, decay: str, reads: str, erase_before: bool, acc: torch.dtype, K: int, V: int, programs: int, device: torch.device):
+    """(the jitted kernel, BK, BV, num_warps) for one configuration and shape: looked up once per shape. The render
+    arguments in the kernel plan's order (its decode Kernels)."""
+    flag = {"erase_before": True} if erase_before else {}
+    mod = kernels(FAMILY, rule=rule, decay=decay, reads=reads, **flag, acc=ACC_NAMES[acc])
     return (getattr(mod, f"{mod.NAME}_kernel"), *blocks(K, V, programs, device))
 
 
 def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
            g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
            out_dtype: torch.dtype, norms: list[bool] | None = None, at: torch.Tensor | None = None, ct: torch.Tensor | None = None,
-           af: torch.Tensor | None = None, cf: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+           af: torch.Tensor | None = None, cf: torch.Tensor | None = None, erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Run the kernel: o [R, B, T, H, V] in out_dtype (one slab per read) and the final state [N, H, K, V] in h0's dtype.
 
     The key-side operands' forms (runtime.scan.KeyForm): norms, whether to l2-normalise each query, then a and c; at,
-    ct per-token scalars [B, T, H] and af, cf per-head factors [H] of a and c (None: none)."""
+    ct per-token scalars [B, T, H] and af, cf per-head factors [H] of a and c (None: none). erase_before: the delta
+    rule's erase reads the state before the token's decay (the template's flag)."""
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     device = b.device
-    kernel, BK, BV, warps = _kernel(rule, decay, reads, h0.dtype, K, V, N * H, device)
+    kernel, BK, BV, warps = _kernel(rule, decay, reads, erase_before, h0.dtype, K, V, N * H, device)
     o = torch.empty(len(queries), B, T, H, V, dtype=out_dtype, device=device)
     in_place = STATES_IN_PLACE.get() and not torch.compiler.is_compiling()  # the custom op mutates nothing
     ht = h0 if in_place else torch.empty(N, H, K, V, dtype=h0.dtype, device=device)
@@ -98,18 +101,19 @@ def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor
 def recurrent_scan(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
                    g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
                    out_dtype: torch.dtype, norms: list[bool] | None = None, at: torch.Tensor | None = None, ct: torch.Tensor | None = None,
-                   af: torch.Tensor | None = None, cf: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """S <- D_t S;  S <- S + a_t (b_t + S^T c_t)^T;  o_t = (qs q_t)^T S at each read's position, token by token.
+                   af: torch.Tensor | None = None, cf: torch.Tensor | None = None, erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """S <- D_t S;  S <- S + a_t (b_t + S^T c_t)^T;  o_t = (qs q_t)^T S at each read's position, token by token
+    (erase_before: S^T c_t reads the state before D_t).
 
     queries: one [B, T, H, K] per read (positions `reads`, joined by "_"); qs: per-head query factors [R, H] or None;
     a, c: [B, T, H, K]; b: [B, T, H, V]; g: [B, T, H, 1] (scalar), [.., K] (key) or [.., V] (value), each in any
     dtype and with any strides (broadcast operands need no copy); the key-side operands' forms as `launch` takes
     them. Forward only: the chunk kernels serve autograd."""
-    return launch(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, norms, at, ct, af, cf)
+    return launch(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, norms, at, ct, af, cf, erase_before)
 
 
 @recurrent_scan.register_fake
-def _(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, norms=None, at=None, ct=None, af=None, cf=None):
+def _(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, norms=None, at=None, ct=None, af=None, cf=None, erase_before=False):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     return b.new_empty(len(queries), B, T, H, b.shape[-1], dtype=out_dtype), h0.new_empty(N, H, K, b.shape[-1])
@@ -117,7 +121,8 @@ def _(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, no
 
 def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One state's scan on the recurrent kernel: ([o per read] in `dtype`, final state in float32, float64 when
-    the inputs are). Operands go in as they are, in their dtype and strides: the kernel converts as it loads."""
+    the inputs are). Operands go in as they are, in their dtype and strides: the kernel converts as it loads. A scan
+    given ops.c_before runs with every erase reading the state before its sub-token's decay (as kernels/delta.py's)."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     queries = [q for q, _ in ops.reads]
     factors = ops.query_factors
@@ -137,6 +142,8 @@ def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], tor
         norms = [ops.forms.get(f"q{i}", none).norm for i in range(len(queries))] + [fa.norm, fc.norm]
         factors = [None if f.factor is None else (f.factor if f.factor.dtype == acc else f.factor.to(acc)).contiguous() for f in (fa, fc)]
         args += (norms, fa.token, fc.token, *factors)
+    # without a decay, before and after it are one state
+    flag = {"erase_before": True} if ops.c_before is not None and ops.decay != "none" and ops.c is not None else {}
     # eager calls skip the custom op's dispatch (it serves torch.compile's tracing, which sees the op)
-    o, ht = recurrent_scan(*args) if torch.compiler.is_compiling() else launch(*args)
+    o, ht = recurrent_scan(*args, **flag) if torch.compiler.is_compiling() else launch(*args, **flag)
     return ([o[0]] if len(queries) == 1 else list(o.unbind(0))), ht

@@ -4,6 +4,7 @@ import triton.language as tl
 
 
 
+
 @triton.jit(do_not_specialize=["T", "o_stride_r", "sq0_b", "sa_b", "sb_b", "sc_b", "sg_b", "sat_b", "sct_b"])
 def recurrent_delta_key_after_float32_kernel(
     q0, qs, a, b, c, g, h0, o, ht, cu_seqlens, T, o_stride_r,

@@ -400,13 +400,15 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_dgs_kernel(
-    h, ht, dh, dgs, cu_seqlens, chunk_offsets, T,
+    g, h, dh, dgs, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
-    """d(log decay)'s whole-decay term of each chunk: sum_v dS_end * S_end [K] at its end, dS as the reverse pass
-    stored it (dh), S_end the state entering the next chunk (h), or the final one (ht, float32) at the sequence's end,
-    into dgs [chunks, H, K]. One program per (chunk of the sequence, sequence x head); BK: all key rows."""
+    """d(log decay)'s whole-decay term of each chunk, through the state entering it: exp(B_last) sum_v dS_end * S0 [K],
+    dS as the reverse pass stored it (dh), S0 as the state pass did (h), into dgs [chunks, H, K]. (The chunk's writes'
+    part of sum_v dS_end * S_end is the gradient kernel's: the last write's is O(1) and no decay weighs it, which a
+    sum over S_end would hold: free_pairs.jinja.) One program per (chunk of the sequence, sequence x head); BK: all key
+    rows."""
     i_t, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -418,26 +420,26 @@ def scan_delta_scalar_after_float32_bwd_dgs_kernel(
         eos = bos + T
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     L = eos - bos
+    o_t = tl.arange(0, BT)
     if i_t * BT >= L:
         return
-    last = (i_t + 1) * BT >= L
+    t = bos + i_t * BT + o_t  # [BT] the chunk's rows, int64
+    m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
+    b_last = tl.sum(b_g, axis=0)
     p_dS = dh + ((c0 + i_t) * H + i_h) * K * V
-    p_ht = ht + i_nh.to(tl.int64) * K * V
-    p_next = h + ((c0 + i_t + 1) * H + i_h) * K * V
+    p_h = h + ((c0 + i_t) * H + i_h) * K * V
     b_x = tl.zeros([BK], dtype=tl.float32)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         p = o_k[:, None] * V + o_v[None, :]
         m = m_k[:, None] & (o_v < V)[None, :]
         b_dS = tl.load(p_dS + p, mask=m, other=0.).to(tl.float32)
-        if last:
-            b_end = tl.load(p_ht + p, mask=m, other=0.).to(tl.float32)
-        else:
-            b_end = tl.load(p_next + p, mask=m, other=0.).to(tl.float32)
-        b_x += tl.sum(b_dS * b_end, axis=1)
-    tl.store(dgs + ((c0 + i_t) * H + i_h) * K + o_k, b_x, mask=m_k)
+        b_h = tl.load(p_h + p, mask=m, other=0.).to(tl.float32)
+        b_x += tl.sum(b_dS * b_h, axis=1)
+    tl.store(dgs + ((c0 + i_t) * H + i_h) * K + o_k, b_x * tl.exp(b_last), mask=m_k)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -510,20 +512,32 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_dc = (b_dc * tl.exp(b_B)[:, None])
     m_r = o_t[:, None] >= o_t[None, :]
     m_s = o_t[:, None] > o_t[None, :]
+    # d(log decay) leaves out the terms no decay weighs (free_pairs.jinja): the last write's reach to the chunk's end
+    # (da's state term there), and the pairs that read a write with no decay between them, which join dq, dc, da only
+    # after d(log decay)'s terms are taken. The writes' part of sum_v dS_end * S_end: the other writes' reach.
+    m_last = o_t == tl.minimum(L - i_t * BT, BT) - 1
+    b_xs = tl.sum(tl.where(m_last[:, None], 0., b_a.to(tl.float32) * b_da), axis=0)  # [BK]
     b_dw = b_dM * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     b_dc += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_c).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-    b_dw = b_dA * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+    b_dw = b_dA * tl.exp(tl.where(m_r & ~(o_t[:, None] == o_t[None, :]), b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     b_dq += tl.dot((b_dw).to(a.dtype.element_ty), (b_a).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     b_da += tl.dot((tl.trans(b_dw)).to(a.dtype.element_ty), (b_q).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     p_k = (t[:, None] * H + i_h) * K + o_k[None, :]
     b_xq = b_q.to(tl.float32) * b_dq  # b_q carries the query's factor: the caller's q * dq
+    b_fd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_dA, 0.), axis=1)  # [BT] d_ii
+    b_dq += b_fd[:, None] * b_a.to(tl.float32)
     p_x = i_k.to(tl.int64) * x_block_stride + t * H + i_h
     tl.store(xq + p_x, tl.sum(b_xq, axis=1), mask=m_t)
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
     tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
-    b_xr = b_c.to(tl.float32) * b_dc - b_a.to(tl.float32) * b_da
+    # the writes' a da, but at the chunk's last write, whose reach no decay weighs: there the other writes' reach to
+    # the chunk's end, which the suffix sums then give every token of the chunk (less the writes from it on)
+    b_xa = tl.where(m_last[:, None], -b_xs[None, :], b_a.to(tl.float32) * b_da)
+    b_xr = b_c.to(tl.float32) * b_dc - b_xa
     tl.store(xr + p_x, tl.sum(b_xr, axis=1), mask=m_t)
+    b_fd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_dA, 0.), axis=1)  # [BT] d_ii
+    b_da += b_fd[:, None] * b_q.to(tl.float32)
     tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)
     tl.store(dc + p_k, b_dc.to(dc.dtype.element_ty), mask=m_tk)

@@ -1,7 +1,7 @@
 """retnet's scans on the generated Triton kernels: the package's one point of contact with them.
 
 The kernels in kernels/ are rendered from lamixer's templates for this spec's kernel plan and run as
-lamixer's triton backend runs them: chunk_additive_scalar_after for training and long sequences;
+lamixer's triton backend runs them: chunk_additive_constant_after for training and long sequences;
 recurrent_additive_scalar_after for inference on sequences of at most 64 tokens (decoding). Their
 host code is lamixer's, copied whole into kernels/.
 """
@@ -21,7 +21,7 @@ DECODES = True  # whether every scan group has a recurrent kernel
 # per scan group of the kernel plan, in order: (chunk kernels' host entry, their default configuration, decay kind,
 # key dim, value widths side by side (a dim's name, or 1 for a vector state's column), whether they carry the group's normaliser)
 GROUPS = (
-    (additive.scan, config.default_config, "scalar", "K", ('V',), False),
+    (functools.partial(additive.scan, decay="constant"), config.default_config, "scalar", "K", ('V',), False),
 )
 
 

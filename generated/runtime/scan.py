@@ -221,8 +221,9 @@ class ScanOperands:
     # implementation carries itself (the chunk kernels' `ones`); it then returns (reads, final state, the normaliser's
     # reads, its final state)
     z0: torch.Tensor | None = None
-    # [B, T, H, 1] bool: where the erase reads the state before its token's decay (lamixer.runtime.substeps; the torch
-    # scan's alone: the kernel plan gives no kernel such a scan)
+    # [B, T, H, 1] bool: where the erase reads the state before its token's decay (lamixer.runtime.substeps). The torch
+    # scan reads it per token; the kernels take it as one flag for the scan (every erase reads before its token's
+    # decay), which the kernel plan makes exact for the scans it gives them (kernel_plan._erase_flag)
     c_before: torch.Tensor | None = None
 
     @property

@@ -6,7 +6,15 @@ of the chunked scan (lamixer.runtime.scan): sub-token (t, j) carries the decays 
 and write j itself, so the scan runs over n * T sub-tokens as it runs over tokens, exactly, and
 differentiably. A read at sub-step j and position p is that sub-token's read at position p, taken at
 every n-th sub-token. A write whose erase reads the state before its decays marks its sub-token so
-(ScanOperands.c_before).
+(ScanOperands.c_before). The scan is any implementation of ScanOperands: the torch scan, the delta rule's
+chunk kernels (each sub-token a row of their chunks: a sub-step without a decay has a log decay of 0, one
+without a value term b = 0, without an erase c = 0) or the recurrent kernel.
+
+The cost of the queries: a read is computed at all n sub-tokens of a token and n - 1 of them are dropped. The
+chunk kernels' read-out (the output kernel, and A^T dO in the backward) is O(n T C (K + V)) for chunks of C
+sub-tokens instead of the O(T C (K + V)) a read at one sub-step needs; the state work, the solve and the other
+gradients are n times a token's anyway. Zero queries at the other sub-steps would save nothing (the kernels
+compute every row of a chunk) and the queries' copies are one [n T, K] tensor per read, as the keys' are.
 """
 from __future__ import annotations
 

@@ -1,0 +1,83 @@
+"""rwkv7's scans on the generated Triton kernels: the package's one point of contact with them.
+
+The kernels in kernels/ are rendered from lamixer's templates for this spec's kernel plan and run as
+lamixer's triton backend runs them: scan_delta_key_after_erase_before for training and long
+sequences; recurrent_delta_key_after_erase_before for inference on sequences of at most 64 tokens
+(decoding). Their host code is lamixer's, copied whole into kernels/.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from ..kernels import config, delta, launch, recurrent
+from ..runtime.call import pick_backend, remember
+from ..runtime.scan import torch_scan
+
+CHUNK_MISSING = ()  # the chunk kernels run every scan of this spec
+DECODES = True  # whether every scan group has a recurrent kernel
+# per scan group of the kernel plan, in order: (chunk kernels' host entry, their default configuration, decay kind,
+# key dim, value widths side by side (a dim's name, or 1 for a vector state's column), whether they carry the group's normaliser)
+GROUPS = (
+    (delta.scan, config.delta_default_config, "key", "K", ('V',), False),
+)
+
+
+def serves(call) -> bool:
+    """Whether the recurrent kernel runs this call's scans: no gradient is asked for, no sequence is longer than
+    recurrent.MAX_T and every key dim fits a program's registers (float32 calls and narrower)."""
+    if not DECODES or call.longest > recurrent.MAX_T or call.compute_dtype == torch.float64:
+        return False
+    if torch.is_grad_enabled() and (any(t.requires_grad for t in call.inputs.values())
+                                    or any(s.requires_grad for s in call.initial_state.values())):  # fmt: skip
+        return False
+    return call.sizes["K"] <= launch.MAX_HEAD_DIM
+
+
+def unsupported(call) -> list[str]:
+    """Why the chunk kernels cannot run this call (empty when they can)."""
+    reasons = list(CHUNK_MISSING)
+    if call.compute_dtype == torch.float64:
+        reasons.append("the kernels here accumulate in float32; float64 calls run on the torch fallback")
+    for state, dim in [("S", "K"), ("S", "V")]:
+        if call.sizes[dim] > launch.MAX_HEAD_DIM:
+            reasons.append(f"state {state}: {dim} = {call.sizes[dim]} is above the kernels' {launch.MAX_HEAD_DIM}")
+    return reasons
+
+
+def choose(call, backend):
+    """Per scan group, (scan function for scan_group, whether it carries the group's normaliser): the recurrent kernel
+    for inference on short sequences, else the chunk kernels with their default configuration, in the inputs' dtype
+    when it is bf16 or fp16, else in float32; torch_scan when backend "auto" finds they cannot run the call (or no
+    GPU); an ArgumentError when backend "triton" insists. Worked out once per call signature."""
+    key = ("scan", backend, torch.is_grad_enabled(), call.longest <= recurrent.MAX_T, os.environ.get("TRITON_INTERPRET") == "1")
+    found = None if call.memo is None else call.memo.get(key)
+    if found is None:
+        found = _choose(call, backend)
+        if call.memo is not None:
+            remember(call.memo, key, found)
+    return found
+
+
+def _choose(call, backend):
+    decoding = serves(call)
+    missing = ([] if decoding else unsupported(call)) + (launch.launch_problems(call.device) if backend == "triton" else [])
+    if pick_backend("rwkv7", backend, call, missing) == "torch":
+        return [(torch_scan, False)] * len(GROUPS)
+    dtype = call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else call.compute_dtype
+    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1" and not launch.bf16_interpreted():
+        dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits (lamixer.tools.emulate)
+    if decoding:
+        return [(functools.partial(recurrent.scan, dtype=dtype), False)] * len(GROUPS)
+    out = []
+    for run, default, decay, key_dim, widths, carries in GROUPS:
+        V = sum(call.sizes[w] if isinstance(w, str) else w for w in widths)
+        out.append((functools.partial(run, dtype=dtype, config=default(decay, call.sizes[key_dim], V)), carries))
+    return out
+
+
+def chunked(scans) -> bool:
+    """Whether choose() picked the chunk kernels (whose per-token work runtime/fuse.py fuses on a GPU)."""
+    return any(isinstance(run, functools.partial) and run.func is not recurrent.scan for run, _ in scans)
