@@ -12,11 +12,15 @@ import torch
 TEMPLATE_VERSION = 1
 
 
-def floored(log_decay: str, acc: str) -> str:
+def floored(log_decay: str, acc: str, keep_nan: bool = True) -> str:
     """The templates' load of a log decay (an expression) in the accumulator's dtype, at least the log of its smallest
     normal number. The kernels difference cumulative log decays, and a decay of exactly 0 (log -inf: a gate that
-    reaches 0) made -inf - -inf NaN; floored, its factor is 0 to float precision and the differences stay finite."""
-    return f"tl.maximum({log_decay}.to(tl.{acc}), {math.log(torch.finfo(getattr(torch, acc)).tiny)!r})"
+    reaches 0) made -inf - -inf NaN; floored, its factor is 0 to float precision and the differences stay finite.
+    keep_nan: a NaN stays NaN (a GPU's plain maximum returns the floor for it: a silent finite decay,
+    templates/causal.jinja); a gradient kernel may leave it out where it costs registers."""
+    floor = math.log(torch.finfo(getattr(torch, acc)).tiny)
+    nan = ", propagate_nan=tl.PropagateNan.ALL" if keep_nan else ""
+    return f"tl.maximum({log_decay}.to(tl.{acc}), {floor!r}{nan})"
 
 
 @functools.cache
