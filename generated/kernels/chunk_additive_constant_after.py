@@ -46,7 +46,7 @@ def chunk_additive_constant_after_float32_state_fwd(
         b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if KB > 3 * BK:
         b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531)  # this sequence's log decay per token, this head
+    b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # this sequence's log decay per token, this head
     for i_t in range(0, tl.cdiv(L, BT)):
         r = tl.cast(i_t * BT, tl.int64) * H
         m_t = i_t * BT + o_t < L
@@ -112,7 +112,7 @@ def chunk_additive_constant_after_float32_output_fwd(
     b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531)  # this sequence's log decay per token, this head
+    b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # this sequence's log decay per token, this head
     b_E = (o_t + 1).to(tl.float32) * b_c  # [BT]
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_qd = (b_q * tl.exp(b_E)[:, None]).to(b_q.dtype)
@@ -120,9 +120,17 @@ def chunk_additive_constant_after_float32_output_fwd(
     m_ij = o_t[:, None] >= o_t[None, :]
     b_W = tl.exp(tl.where(m_ij, (o_t[:, None] - o_t[None, :]).to(tl.float32) * b_c, float("-inf")))  # [BT, BT]
     b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W  # [BT, BT]
+    # the read mask selected (weigh_pairs' masked form inside), not weighed by 0 (causal.jinja)
+    b_A = tl.where(m_ij, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W, 0.)  # [BT, BT]
     b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+    first = tl.full([BV], BT, dtype=tl.int32)
+    if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+        first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+        b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
+    if bad:
+        b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
     tl.store(o + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
@@ -167,7 +175,7 @@ def chunk_additive_constant_after_float32_state_bwd(
     if KB > 3 * BK:
         b_h3 = tl.load(p_dht + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     NT = tl.cdiv(L, BT)
-    b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531)  # this sequence's log decay per token, this head
+    b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # this sequence's log decay per token, this head
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
         r = tl.cast(i_t * BT, tl.int64) * H
@@ -242,7 +250,7 @@ def chunk_additive_constant_after_float32_grads_bwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531)  # this sequence's log decay per token, this head
+    b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # this sequence's log decay per token, this head
     b_E = (o_t + 1).to(tl.float32) * b_c  # [BT]
     n = tl.minimum(L - i_t * BT, BT).to(tl.int32)  # the chunk's tokens
     b_R = tl.maximum(n - 1 - o_t, 0).to(tl.float32) * b_c  # [BT]

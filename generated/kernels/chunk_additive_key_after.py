@@ -54,7 +54,7 @@ def chunk_additive_key_after_float32_state_fwd(
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
-        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
         # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
@@ -65,7 +65,7 @@ def chunk_additive_key_after_float32_state_fwd(
         if KB > 1 * BK:
             tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
             # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
@@ -76,7 +76,7 @@ def chunk_additive_key_after_float32_state_fwd(
         if KB > 2 * BK:
             tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
             # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
@@ -87,7 +87,7 @@ def chunk_additive_key_after_float32_state_fwd(
         if KB > 3 * BK:
             tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
             # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
@@ -129,7 +129,7 @@ def chunk_additive_key_after_float32_cumsum_fwd(
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
 
@@ -175,7 +175,6 @@ def chunk_additive_key_after_float32_scores_fwd(
         b_ad = b_a * tl.exp(tl.where(m_j[:, None], b_P[None, :] - b_B, float("-inf")))
         b_qd = b_qi * tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
         b_A = tl.dot(b_qd.to(a.dtype.element_ty), tl.trans(b_ad.to(a.dtype.element_ty)), input_precision=PRECISION)  # [BC, BT]
-        b_A = tl.where((i_i * BC + o_c)[:, None] >= o_t[None, :], b_A, 0.)
         if not diagonal:  # the strip's own block of strong decays, column by column
             for jj in range(0, tl.minimum(BC, L - i_t * BT - i_i * BC)):  # its rows, read from memory (L1)
                 p_1 = ((bos + i_t * BT + i_i * BC + jj) * H + i_h) * K + o_k
@@ -183,6 +182,7 @@ def chunk_additive_key_after_float32_scores_fwd(
                 b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
                 b_w = tl.exp(tl.where((o_c >= jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))  # [BC, BK]
                 b_A += tl.where((o_t == i_i * BC + jj)[None, :], tl.sum(b_qi * b_a1[None, :] * b_w, axis=1)[:, None], 0.)
+        b_A = tl.where((i_i * BC + o_c)[:, None] >= o_t[None, :], b_A, 0.)  # after the columns, which weigh a later key by 0 (causal.jinja)
         tl.store(A + (ri[:, None] * H + i_h) * BT + o_t[None, :], b_A.to(A.dtype.element_ty), mask=m_ri[:, None])
 
 
@@ -223,7 +223,14 @@ def chunk_additive_key_after_float32_output_fwd(
     m_ij = o_t[:, None] >= o_t[None, :]  # the diagonal blocks hold their own mask
     b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & m_ij, other=0.)  # [BT, BT]
     b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+    first = tl.full([BV], BT, dtype=tl.int32)
+    if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+        first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+        b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
+    if bad:
+        b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
     tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
@@ -279,7 +286,7 @@ def chunk_additive_key_after_float32_state_bwd(
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         if USE_QS:
             b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         b_E = b_B
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -289,7 +296,7 @@ def chunk_additive_key_after_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -299,7 +306,7 @@ def chunk_additive_key_after_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -309,7 +316,7 @@ def chunk_additive_key_after_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -354,6 +361,7 @@ def chunk_additive_key_after_float32_grads_bwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    # (gradients need not be causal for non-finite values: a NaN log decay kept spills registers under a read before it)
     b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
@@ -443,7 +451,8 @@ def chunk_additive_key_after_float32_strips_bwd(
         b_Ej = b_Bj
         b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
         b_dAij = tl.where((i_i * BC + o_c)[:, None] == (i_j * BC + o_c)[None, :], 0., b_dAij)
-        b_dq += tl.dot(b_dAij, b_aj * tl.exp(b_P[None, :] - b_Bj), input_precision=ACC_PRECISION)
+        b_aj = b_aj * tl.exp(b_P[None, :] - b_Bj)
+        b_dq += tl.dot(b_dAij, b_aj, input_precision=ACC_PRECISION)
     b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
     for i_j in range(i_i + 1 - diagonal, tl.cdiv(tl.minimum(L - i_t * BT, BT), BC)):  # later blocks (and the diagonal one), against Z
         rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows

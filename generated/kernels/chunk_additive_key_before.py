@@ -54,7 +54,7 @@ def chunk_additive_key_before_float32_state_fwd(
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
-        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
         # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
@@ -65,7 +65,7 @@ def chunk_additive_key_before_float32_state_fwd(
         if KB > 1 * BK:
             tl.store(p_hs + 1 * BK * V + s_kv, b_h1.to(hs.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
             # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
@@ -76,7 +76,7 @@ def chunk_additive_key_before_float32_state_fwd(
         if KB > 2 * BK:
             tl.store(p_hs + 2 * BK * V + s_kv, b_h2.to(hs.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
             # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
@@ -87,7 +87,7 @@ def chunk_additive_key_before_float32_state_fwd(
         if KB > 3 * BK:
             tl.store(p_hs + 3 * BK * V + s_kv, b_h3.to(hs.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             # [BK] the chunk's whole log decay as the cumsum's last column (padded tokens add 0), so that the last write's
             # reach B_last - B is exactly 0 (tl.sum rounds otherwise: gla's final state was 3.3e-5 off at log decays of -88);
@@ -129,7 +129,7 @@ def chunk_additive_key_before_float32_cumsum_fwd(
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
 
@@ -166,7 +166,7 @@ def chunk_additive_key_before_float32_scores_fwd(
         if USE_QS:
             b_qi = b_qi * tl.load(qs + i_h)
         b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
-        b_Ei = b_Bi - tl.maximum(tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
+        b_Ei = b_Bi - tl.maximum(tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
         b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
         diagonal = tl.max(tl.max(b_P[None, :] - b_Bi, axis=1), axis=0) < SPAN  # the strip's own log decay (padding: <= 0)
         m_j = (o_t < (i_i + diagonal.to(tl.int32)) * BC) & m_t  # the rows the dot takes
@@ -175,7 +175,6 @@ def chunk_additive_key_before_float32_scores_fwd(
         b_ad = b_a * tl.exp(tl.where(m_j[:, None], b_P[None, :] - b_B, float("-inf")))
         b_qd = b_qi * tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
         b_A = tl.dot(b_qd.to(a.dtype.element_ty), tl.trans(b_ad.to(a.dtype.element_ty)), input_precision=PRECISION)  # [BC, BT]
-        b_A = tl.where((i_i * BC + o_c)[:, None] > o_t[None, :], b_A, 0.)
         if not diagonal:  # the strip's own block of strong decays, column by column
             for jj in range(0, tl.minimum(BC, L - i_t * BT - i_i * BC)):  # its rows, read from memory (L1)
                 p_1 = ((bos + i_t * BT + i_i * BC + jj) * H + i_h) * K + o_k
@@ -183,6 +182,7 @@ def chunk_additive_key_before_float32_scores_fwd(
                 b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
                 b_w = tl.exp(tl.where((o_c > jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))  # [BC, BK]
                 b_A += tl.where((o_t == i_i * BC + jj)[None, :], tl.sum(b_qi * b_a1[None, :] * b_w, axis=1)[:, None], 0.)
+        b_A = tl.where((i_i * BC + o_c)[:, None] > o_t[None, :], b_A, 0.)  # after the columns, which weigh a later key by 0 (causal.jinja)
         tl.store(A + (ri[:, None] * H + i_h) * BT + o_t[None, :], b_A.to(A.dtype.element_ty), mask=m_ri[:, None])
 
 
@@ -217,14 +217,21 @@ def chunk_additive_key_before_float32_output_fwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_E = tl.load(Bc + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_E -= tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
+    b_E -= tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_qd = (b_q * tl.exp(b_E)).to(b_q.dtype)
     b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]  # the diagonal blocks hold their own mask
     b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & m_ij, other=0.)  # [BT, BT]
     b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+    first = tl.full([BV], BT, dtype=tl.int32)
+    if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+        first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+        b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
+    if bad:
+        b_o = tl.where(o_t[:, None] > first[None, :], float("nan"), b_o)
     tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
@@ -280,7 +287,7 @@ def chunk_additive_key_before_float32_state_bwd(
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         if USE_QS:
             b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+        b_gT = tl.maximum(tl.trans(tl.load(g + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
         b_B = tl.cumsum(b_gT, axis=1)
         b_E = b_B - b_gT
         b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -290,7 +297,7 @@ def chunk_additive_key_before_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -300,7 +307,7 @@ def chunk_additive_key_before_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -310,7 +317,7 @@ def chunk_additive_key_before_float32_state_bwd(
             b_qT = tl.trans(tl.load(q + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             if USE_QS:
                 b_qT = (b_qT * tl.load(qs + i_h)).to(q.dtype.element_ty)
-            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531)  # [BK, BT]
+            b_gT = tl.maximum(tl.trans(tl.load(g + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BK, BT]
             b_B = tl.cumsum(b_gT, axis=1)
             b_E = b_B - b_gT
             b_last = tl.sum(b_gT, axis=1)  # [BK]: the chunk's whole log decay (padded tokens add 0)
@@ -355,6 +362,7 @@ def chunk_additive_key_before_float32_grads_bwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    # (gradients need not be causal for non-finite values: a NaN log decay kept spills registers under a read before it)
     b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B - b_g
@@ -429,7 +437,7 @@ def chunk_additive_key_before_float32_strips_bwd(
     ri = bos + i_t * BT + i_i * BC + o_c  # [BC] block i's rows
     m_ri = i_t * BT + i_i * BC + o_c < L
     b_Bi = tl.load(Bc + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.)
-    b_Ei = b_Bi - tl.maximum(tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
+    b_Ei = b_Bi - tl.maximum(tl.load(g + (ri[:, None] * H + i_h) * K + o_k[None, :], mask=m_ri[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
     b_P = tl.load(Bc + ((bos + i_t * BT + i_i * BC - 1) * H + i_h) * K + o_k, mask=m_k & (i_i > 0), other=0.)  # [BK]
     i_z = tl.minimum(i_t * BT + i_i * BC + BC, L) - 1  # block i's last real row
     b_Z = tl.load(Bc + ((bos + i_z) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
@@ -441,10 +449,11 @@ def chunk_additive_key_before_float32_strips_bwd(
         m_rj = i_t * BT + i_j * BC + o_c < L
         b_aj = tl.load(a + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32)
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
-        b_Ej = b_Bj - tl.maximum(tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
+        b_Ej = b_Bj - tl.maximum(tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
         b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
         b_dAij = tl.where((i_i * BC + o_c)[:, None] == (i_j * BC + o_c)[None, :] + 1, 0., b_dAij)
-        b_dq += tl.dot(b_dAij, b_aj * tl.exp(b_P[None, :] - b_Bj), input_precision=ACC_PRECISION)
+        b_aj = b_aj * tl.exp(b_P[None, :] - b_Bj)
+        b_dq += tl.dot(b_dAij, b_aj, input_precision=ACC_PRECISION)
     b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
     for i_j in range(i_i + 1 - diagonal, tl.cdiv(tl.minimum(L - i_t * BT, BT), BC)):  # later blocks (and the diagonal one), against Z
         rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
@@ -453,7 +462,7 @@ def chunk_additive_key_before_float32_strips_bwd(
         if USE_QS:
             b_qj = b_qj * tl.load(qs + i_h)
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
-        b_Ej = b_Bj - tl.maximum(tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)
+        b_Ej = b_Bj - tl.maximum(tl.load(g + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
         b_dAji = tl.load(dA + (rj[:, None] * H + i_h) * BT + (i_i * BC + o_c)[None, :], mask=m_rj[:, None], other=0.)  # [BC, BC]
         b_dAji = tl.where((i_j * BC + o_c)[:, None] == (i_i * BC + o_c)[None, :] + 1, 0., b_dAji)
         b_qd = b_qj * tl.exp(tl.where(m_rj[:, None], b_Ej - b_Z[None, :], float("-inf")))
@@ -468,7 +477,7 @@ def chunk_additive_key_before_float32_strips_bwd(
             if USE_QS:
                 b_q1 = b_q1 * tl.load(qs + i_h)
             b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
-            b_E1 = b_B1 - tl.maximum(tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32), -87.3365447505531)
+            b_E1 = b_B1 - tl.maximum(tl.load(g + p_1, mask=m_k, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
             b_col = tl.load(dA + (ri * H + i_h) * BT + i_i * BC + jj, mask=m_ri, other=0.)  # [BC] dA[i, jj]
             b_row = tl.load(dA + (r1 * H + i_h) * BT + i_i * BC + o_c)  # [BC] dA[jj, j]
             b_col = tl.where(o_c == jj + 1, 0., b_col)

@@ -139,9 +139,17 @@ def chunk_additive_none_after_ones_float32_output_fwd(
     b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]
     b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    # the read mask selected (weigh_pairs' masked form inside), not weighed by 0 (causal.jinja)
     b_A = tl.where(m_ij, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION), 0.)  # [BT, BT]
     b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+    first = tl.full([BV], BT, dtype=tl.int32)
+    if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+        first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+        b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
+    if bad:
+        b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
     tl.store(o + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
     if i_v == 0:
         b_z = tl.load(zs + (i_c.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]

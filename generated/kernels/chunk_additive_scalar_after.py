@@ -54,7 +54,7 @@ def chunk_additive_scalar_after_float32_state_fwd(
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t + 1) * BT + o_t) * H + i_h, mask=(i_t + 1) * BT + o_t < L, other=0.)
-        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531)  # [BT]
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
         b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
         b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # [BT] from each token to the chunk's end (0 at its last)
@@ -115,7 +115,7 @@ def chunk_additive_scalar_after_float32_output_fwd(
     b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
@@ -124,9 +124,17 @@ def chunk_additive_scalar_after_float32_output_fwd(
     m_ij = o_t[:, None] >= o_t[None, :]
     b_W = tl.exp(tl.where(m_ij, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
     b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_A = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W  # [BT, BT]
+    # the read mask selected (weigh_pairs' masked form inside), not weighed by 0 (causal.jinja)
+    b_A = tl.where(m_ij, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W, 0.)  # [BT, BT]
     b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+    first = tl.full([BV], BT, dtype=tl.int32)
+    if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+        first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+        b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
+    if bad:
+        b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
     tl.store(o + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
@@ -180,7 +188,7 @@ def chunk_additive_scalar_after_float32_state_bwd(
         b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t - 1) * BT + o_t) * H + i_h, mask=(i_t - 1) * BT + o_t >= 0, other=0.)
-        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531)  # [BT]
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
@@ -249,7 +257,7 @@ def chunk_additive_scalar_after_float32_grads_bwd(
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)

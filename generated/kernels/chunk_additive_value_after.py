@@ -52,7 +52,7 @@ def chunk_additive_value_after_float32_state_fwd(
         m_t = i_t * BT + o_t < L
         p_hs = hs + ((boc + i_t) * H + i_h) * K * V
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_g = tl.maximum(tl.load(g + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BV]
+        b_g = tl.maximum(tl.load(g + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BV]
         b_B = tl.cumsum(b_g, axis=0)
         b_last = tl.sum(b_g, axis=0)  # [BV]: the chunk's whole log decay (padded tokens add 0)
         b_b = b_b.to(tl.float32) * tl.exp(b_last[None, :] - b_B)
@@ -106,7 +106,7 @@ def chunk_additive_value_after_float32_cumsum_fwd(
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     tl.store(Bc + (t[:, None] * H + i_h) * K + o_k[None, :], b_B, mask=m_t[:, None] & m_k[None, :])
 
@@ -152,7 +152,6 @@ def chunk_additive_value_after_float32_scores_fwd(
         b_ad = b_a * tl.exp(tl.where(m_j[:, None], b_P[None, :] - b_B, float("-inf")))
         b_qd = b_qi * tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
         b_A = tl.dot(b_qd.to(a.dtype.element_ty), tl.trans(b_ad.to(a.dtype.element_ty)), input_precision=PRECISION)  # [BC, BT]
-        b_A = tl.where((i_i * BC + o_c)[:, None] >= o_t[None, :], b_A, 0.)
         if not diagonal:  # the strip's own block of strong decays, column by column
             for jj in range(0, tl.minimum(BC, L - i_t * BT - i_i * BC)):  # its rows, read from memory (L1)
                 p_1 = ((bos + i_t * BT + i_i * BC + jj) * H + i_h) * K + o_k
@@ -160,6 +159,7 @@ def chunk_additive_value_after_float32_scores_fwd(
                 b_B1 = tl.load(Bc + p_1, mask=m_k, other=0.)
                 b_w = tl.exp(tl.where((o_c >= jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))  # [BC, BK]
                 b_A += tl.where((o_t == i_i * BC + jj)[None, :], tl.sum(b_qi * b_a1[None, :] * b_w, axis=1)[:, None], 0.)
+        b_A = tl.where((i_i * BC + o_c)[:, None] >= o_t[None, :], b_A, 0.)  # after the columns, which weigh a later key by 0 (causal.jinja)
         tl.store(A + (ri[:, None] * H + i_h) * BT + o_t[None, :], b_A.to(A.dtype.element_ty), mask=m_ri[:, None])
 
 
@@ -194,7 +194,7 @@ def chunk_additive_value_after_float32_output_fwd(
     b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_g = tl.maximum(tl.load(g + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BV]
+    b_g = tl.maximum(tl.load(g + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BV]
     b_E = tl.cumsum(b_g, axis=0)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
     b_o = tl.dot(b_q.to(tl.float32), b_h, input_precision=ACC_PRECISION) * tl.exp(b_E)  # [BT, BV]
@@ -253,7 +253,7 @@ def chunk_additive_value_after_float32_state_bwd(
         m_t = i_t * BT + o_t < L
         p_dhs = dhs + ((boc + i_t) * H + i_h) * K * V
         b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_g = tl.maximum(tl.load(g + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BV]
+        b_g = tl.maximum(tl.load(g + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BV]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # [BV]: the chunk's whole log decay (padded tokens add 0)
@@ -331,7 +331,7 @@ def chunk_additive_value_after_float32_grads_bwd(
         m_tv = m_t[:, None] & m_v[None, :]
         b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         b_do = tl.load(do + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)
-        b_g = tl.maximum(tl.load(g + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531)
+        b_g = tl.maximum(tl.load(g + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_end = tl.exp(tl.sum(b_g, axis=0)[None, :] - b_B)  # [BT, BV] each write's reach to the chunk's end
@@ -396,6 +396,8 @@ def chunk_additive_value_after_float32_strips_bwd(
     diagonal = (tl.max(b_P - b_Z, axis=0) < SPAN).to(tl.int32)  # 1: the diagonal block joins the dots
     b_dq = tl.zeros([BC, BK], dtype=tl.float32)
     b_da = tl.zeros([BC, BK], dtype=tl.float32)
+    if ONLY_DQ:  # the output (the forward): each column's first non-finite value among the writes (causal.jinja)
+        b_first = tl.full([BK], BT, dtype=tl.int32)
     for i_j in range(0, i_i + diagonal):  # earlier blocks (and the diagonal one), against P
         rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
         m_rj = i_t * BT + i_j * BC + o_c < L
@@ -403,7 +405,12 @@ def chunk_additive_value_after_float32_strips_bwd(
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
         b_Ej = b_Bj
         b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
-        b_dq += tl.dot(b_dAij, b_aj * tl.exp(b_P[None, :] - b_Bj), input_precision=ACC_PRECISION)
+        b_aj = b_aj * tl.exp(b_P[None, :] - b_Bj)
+        if ONLY_DQ:
+            if tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BC], 1, b_aj.dtype), b_aj, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0:
+                b_first = tl.minimum(b_first, tl.min(tl.where(tl.abs(b_aj) < float("inf"), BT, (i_j * BC + o_c)[:, None]), axis=0))
+                b_aj = tl.where(tl.abs(b_aj) < float("inf"), b_aj, 0.)
+        b_dq += tl.dot(b_dAij, b_aj, input_precision=ACC_PRECISION)
     b_dq *= tl.exp(tl.where(m_ri[:, None], b_Ei - b_P[None, :], float("-inf")))
     for i_j in range(i_i + 1 - diagonal, 0 if ONLY_DQ else tl.cdiv(tl.minimum(L - i_t * BT, BT), BC)):  # later blocks (and the diagonal one), against Z
         rj = bos + i_t * BT + i_j * BC + o_c  # [BC] block j's rows
@@ -422,6 +429,9 @@ def chunk_additive_value_after_float32_strips_bwd(
             r1 = bos + i_t * BT + i_i * BC + jj
             p_1 = (r1 * H + i_h) * K + o_k
             b_a1 = tl.load(a + p_1, mask=m_k, other=0.).to(tl.float32)  # [BK]
+            if ONLY_DQ:
+                b_first = tl.minimum(b_first, tl.where(tl.abs(b_a1) < float("inf"), BT, i_i * BC + jj))
+                b_a1 = tl.where(tl.abs(b_a1) < float("inf"), b_a1, 0.)
             b_q1 = tl.load(q + p_1, mask=m_k, other=0.).to(tl.float32)
             if USE_QS:
                 b_q1 = b_q1 * tl.load(qs + i_h)
@@ -435,6 +445,9 @@ def chunk_additive_value_after_float32_strips_bwd(
             b_da += b_row[:, None] * b_q1[None, :] * tl.exp(tl.where((jj >= o_c)[:, None] & m_ri[:, None], b_E1[None, :] - b_Bi, float("-inf")))
     p_i = (ri[:, None] * H + i_h) * K + o_k[None, :]
     m_i = m_ri[:, None] & m_k[None, :]
+    if ONLY_DQ:
+        if tl.min(b_first, axis=0) < BT:
+            b_dq = tl.where((i_i * BC + o_c)[:, None] >= b_first[None, :], float("nan"), b_dq)
     tl.store(dq + p_i, b_dq + tl.load(dq + p_i, mask=m_i, other=0.), mask=m_i)
     if not ONLY_DQ:
         tl.store(da + p_i, b_da + tl.load(da + p_i, mask=m_i, other=0.), mask=m_i)

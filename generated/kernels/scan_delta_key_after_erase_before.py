@@ -45,7 +45,7 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
             m_k = o_k < K
             b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+            b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
             b_Bc = b_B - b_g  # the erase reads the state before its token's decay: the decays through the token before
             lhs_, y_ = b_Bc, b_a
@@ -57,6 +57,9 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
                 m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
                 b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
                 b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
+                # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
+                # in the dot (causal.jinja)
+                b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
                 b_Mk += tl.dot((b_c * b_ex).to(a.dtype.element_ty), tl.trans((b_a * b_ey).to(a.dtype.element_ty)), input_precision=PRECISION)
                 if not diagonal:
                     for jj in range(0, 16):
@@ -68,6 +71,14 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
                         b_Mk += tl.where(m_c[None, :], tl.sum(b_c * b_yj[None, :] * b_w, axis=1)[:, None], 0.)
             b_Mk = tl.where(m_s, b_Mk, 0.)  # [BT, BT]
             b_M += b_Mk
+        # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
+        # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
+        # weigh a later NaN by 0 (causal.jinja)
+        bad_m = True
+        i_first = tl.full([], BT, dtype=tl.int32)  # the first row of M not finite
+        if bad_m:
+            i_first = tl.min(tl.min(tl.where(tl.abs(b_M) < float("inf"), BT, o_t[:, None]), axis=0), axis=0)
+            b_M = tl.where(tl.abs(b_M) < float("inf"), b_M, 0.)
         # T = (I - M)^-1. First D^-1 (D = I - M on the 16-token diagonal blocks) by forward substitution, all BT / 16
         # blocks at once as a [BT / 16, 16, 16] tile: row r of each is T_r = e_r + sum_{j < r} M_rj T_j, the rows of M
         # read back from tm (this program's own rows; the loop is unrolled, so the loads need not wait for the sums).
@@ -96,6 +107,8 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
             if BT > 32:
                 b_X = tl.dot(b_X, b_X, input_precision=SOLVE_PRECISION)
                 b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
+        if bad_m:
+            b_T = tl.where(o_t[:, None] >= i_first, float("nan"), b_T)
         tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
     else:
         b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]
@@ -103,12 +116,23 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
         b_B = tl.cumsum(b_g, axis=0)
         b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
         b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
         b_Bc = b_B - b_g  # the erase reads the state before its token's decay: the decays through the token before
-        b_w = tl.dot((b_T).to(a.dtype.element_ty), ((b_c * tl.exp(b_Bc))).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BK]
+        b_x = (b_c * tl.exp(b_Bc))  # [BT, BK]
+        if SOLVE:  # the forward, causal for non-finite values (causal.jinja); the backward's rerun need not be
+            bad = True
+            first = tl.full([BK], BT, dtype=tl.int32)
+            if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
+                first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
+                b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+            b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            if bad:
+                b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+        else:
+            b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
         b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
@@ -117,7 +141,17 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        if SOLVE:
+            bad = True
+            first = tl.full([BV], BT, dtype=tl.int32)
+            if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+                first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+                b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+            b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            if bad:
+                b_u0 = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_u0)
+        else:
+            b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
 
 
@@ -251,7 +285,7 @@ def scan_delta_key_after_erase_before_float32_output_kernel(
         b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
-        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         lhs_, y_ = b_E, b_a
@@ -263,6 +297,9 @@ def scan_delta_key_after_erase_before_float32_output_kernel(
             m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
             b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
             b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
+            # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
+            # in the dot (causal.jinja)
+            b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
             b_Ak += tl.dot((b_q * b_ex).to(a.dtype.element_ty), tl.trans((b_a * b_ey).to(a.dtype.element_ty)), input_precision=PRECISION)
             if not diagonal:
                 for jj in range(0, 16):
@@ -277,7 +314,14 @@ def scan_delta_key_after_erase_before_float32_output_kernel(
         b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_o += tl.dot((b_q * tl.exp(b_E)).to(b_a.dtype), b_h.to(b_a.dtype), input_precision=PRECISION)
     b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
+    bad = True
+    first = tl.full([BV], BT, dtype=tl.int32)
+    if bad:  # a NaN or inf among the chunk's b_u (causal.jinja)
+        first = tl.min(tl.where(tl.abs(b_u) < float("inf"), BT, o_t[:, None]), axis=0)
+        b_u = tl.where(tl.abs(b_u) < float("inf"), b_u, 0.)
     b_o += tl.dot(b_A.to(o.dtype.element_ty), b_u.to(o.dtype.element_ty), input_precision=PRECISION)
+    if bad:
+        b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
     tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
@@ -313,7 +357,7 @@ def scan_delta_key_after_erase_before_float32_bwd_dv_kernel(
         b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
-        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         lhs_, y_ = b_E, b_a
@@ -325,6 +369,9 @@ def scan_delta_key_after_erase_before_float32_bwd_dv_kernel(
             m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
             b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
             b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
+            # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
+            # in the dot (causal.jinja)
+            b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
             b_Ak += tl.dot((b_q * b_ex).to(a.dtype.element_ty), tl.trans((b_a * b_ey).to(a.dtype.element_ty)), input_precision=PRECISION)
             if not diagonal:
                 for jj in range(0, 16):
@@ -419,7 +466,7 @@ def scan_delta_key_after_erase_before_float32_bwd_dh_kernel(
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
         b_gk = tl.load(tl.make_block_ptr(g, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-        b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531)
+        b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
@@ -432,7 +479,7 @@ def scan_delta_key_after_erase_before_float32_bwd_dh_kernel(
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_gk = tl.load(tl.make_block_ptr(g, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531)
+            b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
             b_B = tl.cumsum(b_g, axis=0)
             b_E = b_B
             b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
@@ -445,7 +492,7 @@ def scan_delta_key_after_erase_before_float32_bwd_dh_kernel(
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_gk = tl.load(tl.make_block_ptr(g, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531)
+            b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
             b_B = tl.cumsum(b_g, axis=0)
             b_E = b_B
             b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
@@ -458,7 +505,7 @@ def scan_delta_key_after_erase_before_float32_bwd_dh_kernel(
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_gk = tl.load(tl.make_block_ptr(g, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531)
+            b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
             b_B = tl.cumsum(b_g, axis=0)
             b_E = b_B
             b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
@@ -504,7 +551,7 @@ def scan_delta_key_after_erase_before_float32_bwd_dgs_kernel(
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
     b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
     p_dS = dh + ((c0 + i_t) * H + i_h) * K * V
     p_h = h + ((c0 + i_t) * H + i_h) * K * V
@@ -558,7 +605,7 @@ def scan_delta_key_after_erase_before_float32_bwd_grad_kernel(
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
-    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
@@ -605,6 +652,9 @@ def scan_delta_key_after_erase_before_float32_bwd_grad_kernel(
         m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
         b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
         b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
+        # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
+        # in the dot (causal.jinja)
+        b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
         b_ds = tl.where(m_i[:, None] & m_j[None, :], b_dm, 0.)
         b_dc += b_ex * tl.dot((b_ds).to(a.dtype.element_ty), (b_a * b_ey).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_da += b_ey * tl.dot((tl.trans(b_ds)).to(a.dtype.element_ty), (b_c * b_ex).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
@@ -628,6 +678,9 @@ def scan_delta_key_after_erase_before_float32_bwd_grad_kernel(
         m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
         b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
         b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
+        # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
+        # in the dot (causal.jinja)
+        b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
         b_ds = tl.where(m_i[:, None] & m_j[None, :], b_dm, 0.)
         b_dq += b_ex * tl.dot((b_ds).to(a.dtype.element_ty), (b_a * b_ey).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_da += b_ey * tl.dot((tl.trans(b_ds)).to(a.dtype.element_ty), (b_q * b_ex).to(a.dtype.element_ty), input_precision=ACC_PRECISION)

@@ -32,7 +32,7 @@ def scan_delta_scalar_after_float32_prepare_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     p_tm = tm + (t[:, None] * H + i_h) * BT + o_t[None, :]
     if SOLVE:
@@ -43,8 +43,16 @@ def scan_delta_scalar_after_float32_prepare_kernel(
             m_k = o_k < K
             b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            b_Mk = tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+            b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_s, b_B[:, None] - b_B[None, :], float("-inf"))), 0.)  # [BT, BT]
             b_M += b_Mk
+        # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
+        # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
+        # weigh a later NaN by 0 (causal.jinja)
+        bad_m = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_M.dtype), b_M, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+        i_first = tl.full([], BT, dtype=tl.int32)  # the first row of M not finite
+        if bad_m:
+            i_first = tl.min(tl.min(tl.where(tl.abs(b_M) < float("inf"), BT, o_t[:, None]), axis=0), axis=0)
+            b_M = tl.where(tl.abs(b_M) < float("inf"), b_M, 0.)
         # T = (I - M)^-1. First D^-1 (D = I - M on the 16-token diagonal blocks) by forward substitution, all BT / 16
         # blocks at once as a [BT / 16, 16, 16] tile: row r of each is T_r = e_r + sum_{j < r} M_rj T_j, the rows of M
         # read back from tm (this program's own rows; the loop is unrolled, so the loads need not wait for the sums).
@@ -73,6 +81,8 @@ def scan_delta_scalar_after_float32_prepare_kernel(
             if BT > 32:
                 b_X = tl.dot(b_X, b_X, input_precision=SOLVE_PRECISION)
                 b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
+        if bad_m:
+            b_T = tl.where(o_t[:, None] >= i_first, float("nan"), b_T)
         tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
     else:
         b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]
@@ -80,13 +90,34 @@ def scan_delta_scalar_after_float32_prepare_kernel(
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_w = tl.dot((b_T).to(a.dtype.element_ty), ((b_c * tl.exp(b_B)[:, None])).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BK]
+        b_x = (b_c * tl.exp(b_B)[:, None])  # [BT, BK]
+        if SOLVE:  # the forward, causal for non-finite values (causal.jinja); the backward's rerun need not be
+            bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+            first = tl.full([BK], BT, dtype=tl.int32)
+            if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
+                first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
+                b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+            b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            if bad:
+                b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+        else:
+            b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        if SOLVE:
+            bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+            first = tl.full([BV], BT, dtype=tl.int32)
+            if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+                first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+                b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+            b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            if bad:
+                b_u0 = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_u0)
+        else:
+            b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
 
 
@@ -158,7 +189,7 @@ def scan_delta_scalar_after_float32_state_kernel(
         tl.store(u + r * V + s_tv, b_u.to(u.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t + 1) * BT + o_t) * H + i_h, mask=(i_t + 1) * BT + o_t < L, other=0.)
-        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531)  # [BT]
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
         b_last = tl.sum(b_g, axis=0)
         b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
         b_ud = b_u * tl.exp(b_R)[:, None]  # the values decayed to the chunk's end (the header: not the keys)
@@ -213,7 +244,7 @@ def scan_delta_scalar_after_float32_output_kernel(
     m_v = o_v < V
     m_tv = m_t[:, None] & m_v[None, :]
     m_r = o_t[:, None] >= o_t[None, :]
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
@@ -225,12 +256,19 @@ def scan_delta_scalar_after_float32_output_kernel(
         b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
-        b_Ak = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+        b_Ak = tl.where(m_r, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf"))), 0.)  # [BT, BT]
         b_A += b_Ak
         b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_o += tl.dot((b_q * tl.exp(b_E)[:, None]).to(b_a.dtype), b_h.to(b_a.dtype), input_precision=PRECISION)
     b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_u.dtype), b_u, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+    first = tl.full([BV], BT, dtype=tl.int32)
+    if bad:  # a NaN or inf among the chunk's b_u (causal.jinja)
+        first = tl.min(tl.where(tl.abs(b_u) < float("inf"), BT, o_t[:, None]), axis=0)
+        b_u = tl.where(tl.abs(b_u) < float("inf"), b_u, 0.)
     b_o += tl.dot(b_A.to(o.dtype.element_ty), b_u.to(o.dtype.element_ty), input_precision=PRECISION)
+    if bad:
+        b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
     tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
@@ -258,7 +296,7 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
     m_r = o_t[:, None] >= o_t[None, :]
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
@@ -269,7 +307,7 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
         b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
-        b_Ak = tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf")))  # [BT, BT]
+        b_Ak = tl.where(m_r, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf"))), 0.)  # [BT, BT]
         b_A += b_Ak
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -336,7 +374,7 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh.dtype.element_ty), boundary_check=(0, 1))
         b_g = b_gn
         b_gn = tl.load(g + (bos + (i_t - 1) * BT + o_t) * H + i_h, mask=(i_t - 1) * BT + o_t >= 0, other=0.)
-        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531)  # [BT]
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)
@@ -427,7 +465,7 @@ def scan_delta_scalar_after_float32_bwd_dgs_kernel(
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
     b_last = tl.sum(b_g, axis=0)
     p_dS = dh + ((c0 + i_t) * H + i_h) * K * V
     p_h = h + ((c0 + i_t) * H + i_h) * K * V
@@ -481,7 +519,7 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531)  # [BT]
+    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
