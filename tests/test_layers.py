@@ -14,7 +14,7 @@ import lamixer
 HIDDEN, HEADS = 16, 2
 # small sizes for the specs whose paper defaults are large (256-dim heads, 64 slots, 128 states)
 SMALL = {"gated_deltanet": {"head_dim": 8}, "gsa": {"M": 4}, "mamba2": {"d_state": 4}, "gla": {"gate_rank": 4}, "rwkv6": {"decay_rank": 4, "mix_rank": 4},
-         "gated_deltaproduct": {"head_dim": 8}, "rwkv7": {"decay_rank": 4, "alpha_rank": 4}}
+         "gated_deltaproduct": {"head_dim": 8}, "rwkv7": {"decay_rank": 4, "alpha_rank": 4}, "kda": {"head_dim": 8, "gate_rank": 4}}
 SPECS = lamixer.shipped_specs()
 
 
