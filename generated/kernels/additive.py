@@ -194,7 +194,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
             num_warps=4, **_strip_args(turned, acc))  # fmt: skip
         turned.pop("PRECISION")
         getattr(mod, f"{mod.NAME}_decay_bwd")[(1, NC, H)](
-            do, None, b, o_part, db_part, dgs, None, db, dg, cu_seqlens, indices, T, num_warps=8, **turned)
+            do, None, b, o_part, db_part, dgs, A, None, db, dg, cu_seqlens, indices, T, num_warps=8, **turned)
     elif decay == "key":  # dq, da through the states, dA and the chunk ends' term, then the strips
         dq_part, da_part = torch.empty(B, T, H, K, dtype=acc, device=a.device), torch.empty(B, T, H, K, dtype=acc, device=a.device)
         dA = torch.empty(B, T, H, c.BT, dtype=acc, device=a.device)

@@ -343,7 +343,9 @@ def chunk_additive_value_after_float32_grads_bwd(
         b_db = tl.dot(b_a.to(tl.float32), b_dh, input_precision=ACC_PRECISION) * b_end
         tl.store(o + p_tv, b_o, mask=m_tv)
         tl.store(db + p_tv, b_db, mask=m_tv)
-        # sum_k dS_end * S_end, S_end = exp(B_last) h + sum_j a_j (b_j exp(B_last - B_j))^T
+        # sum_k dS_end * S_end, S_end = exp(B_last) h + sum_j a_j (b_j exp(B_last - B_j))^T, without the chunk's last
+        # write, which no decay weighs: decay_bwd leaves it out of its b * db as well (free_pairs.jinja)
+        b_db = tl.where((o_t == tl.minimum(L - i_t * BT, BT) - 1)[:, None], 0., b_db)
         b_dgs = tl.exp(tl.sum(b_g, axis=0)) * tl.sum(b_h * b_dh, axis=0) + tl.sum(b_b.to(tl.float32) * b_db, axis=0)
         tl.store(dgs + (i_c.to(tl.int64) * H + i_h) * V + o_v, b_dgs, mask=m_v)
     b_dA = tl.load(dA + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.).to(b_a.dtype)  # [BT, BT]
@@ -369,7 +371,8 @@ def chunk_additive_value_after_float32_strips_bwd(
     diagonal block the same way when its own log decay P - Z stays under SPAN nats (scores_fwd), else row by row.
     The dots take dA and the decayed rows in float32 at ACC_PRECISION, as FLA's intra-chunk gradients do: d(log
     decay) sums q dq - a da, in which these parts cancel pair by pair (with bf16 operands gla's bf16 d(log decay)
-    measured 2.1e-2 relative at D = 128, T = 8192 on the H200, FLA's 2.4e-3; bench/results/NOTES.md)."""
+    measured 2.1e-2 relative at D = 128, T = 8192 on the H200, FLA's 2.4e-3; bench/results/NOTES.md).
+    The backward (not ONLY_DQ) leaves out the pairs no decay weighs (free_pairs.jinja): decay_bwd adds them to db."""
     i_i = tl.program_id(0)
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -405,6 +408,8 @@ def chunk_additive_value_after_float32_strips_bwd(
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
         b_Ej = b_Bj
         b_dAij = tl.load(dA + (ri[:, None] * H + i_h) * BT + (i_j * BC + o_c)[None, :], mask=m_ri[:, None], other=0.)  # [BC, BC]
+        if not ONLY_DQ:  # (the output takes them)
+            b_dAij = tl.where((i_i * BC + o_c)[:, None] == (i_j * BC + o_c)[None, :], 0., b_dAij)
         b_aj = b_aj * tl.exp(b_P[None, :] - b_Bj)
         if ONLY_DQ:
             if tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BC], 1, b_aj.dtype), b_aj, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0:
@@ -421,6 +426,7 @@ def chunk_additive_value_after_float32_strips_bwd(
         b_Bj = tl.load(Bc + (rj[:, None] * H + i_h) * K + o_k[None, :], mask=m_rj[:, None] & m_k[None, :], other=0.)
         b_Ej = b_Bj
         b_dAji = tl.load(dA + (rj[:, None] * H + i_h) * BT + (i_i * BC + o_c)[None, :], mask=m_rj[:, None], other=0.)  # [BC, BC]
+        b_dAji = tl.where((i_j * BC + o_c)[:, None] == (i_i * BC + o_c)[None, :], 0., b_dAji)
         b_qd = b_qj * tl.exp(tl.where(m_rj[:, None], b_Ej - b_Z[None, :], float("-inf")))
         b_da += tl.dot(tl.trans(b_dAji), b_qd, input_precision=ACC_PRECISION)
     b_da *= tl.exp(tl.where(m_ri[:, None], b_Z[None, :] - b_Bi, float("-inf")))
@@ -439,6 +445,9 @@ def chunk_additive_value_after_float32_strips_bwd(
             b_E1 = b_B1
             b_col = tl.load(dA + (ri * H + i_h) * BT + i_i * BC + jj, mask=m_ri, other=0.)  # [BC] dA[i, jj]
             b_row = tl.load(dA + (r1 * H + i_h) * BT + i_i * BC + o_c)  # [BC] dA[jj, j]
+            if not ONLY_DQ:
+                b_col = tl.where(o_c == jj, 0., b_col)
+            b_row = tl.where(jj == o_c, 0., b_row)
             # dq_i += dA[i, jj] a_jj exp(E_i - B_jj) for the rows i that see jj
             b_dq += b_col[:, None] * b_a1[None, :] * tl.exp(tl.where((o_c >= jj)[:, None] & m_ri[:, None], b_Ei - b_B1[None, :], float("-inf")))
             # da_j += dA[jj, j] q_jj exp(E_jj - B_j) for the columns j that row jj sees (the loop stops at the last real row)
@@ -455,13 +464,15 @@ def chunk_additive_value_after_float32_strips_bwd(
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_value_after_float32_decay_bwd(
-    q, qs, a, dq_part, da_part, dgs, dq, da, dg, cu_seqlens, chunk_indices, T,
+    q, qs, a, dq_part, da_part, dgs, dA, dq, da, dg, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """d(log decay) = suffix sums within the chunk of q*dq - a*da, plus the chunk's end term; and da in the
-    inputs' dtype. One program per (chunk, head). With the decay along the value dim the host passes (do, o, b, db)
-    for (q, dq, a, da), the value dim as K."""
+    inputs' dtype. One program per (chunk, head). With the decay along the value dim the host passes (do, o, b, db, A)
+    for (q, dq, a, da, dA), the value dim as K. The suffix sums leave out the terms no decay weighs
+    (free_pairs.jinja): the last write's reach to the chunk's end, and the pairs
+    strips_bwd left out, which join db after."""
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -486,9 +497,15 @@ def chunk_additive_value_after_float32_decay_bwd(
     b_da = tl.load(da_part + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)
     b_xq = b_q * b_dq
     b_xa = b_a * b_da
+    b_xa = tl.where((o_t == tl.minimum(L - i_t * BT, BT) - 1)[:, None], 0., b_xa)
     b_dg = tl.cumsum(b_xq, axis=0, reverse=True) - tl.cumsum(b_xa, axis=0, reverse=True)
     b_dg += tl.load(dgs + (i_c.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)[None, :]
     p = (t[:, None] * H + i_h) * K + o_k[None, :]
     m = m_t[:, None] & m_k[None, :]
     tl.store(dg + p, b_dg.to(dg.dtype.element_ty), mask=m)
+    # the pairs no decay weighs (weight exactly 1), which strips_bwd and d(log decay) left out: dq_i += dA_ij a_j and
+    # da_j += dA_ij q_i for the read i of the write j (the roles turned: db_j += A_ij do_i alone, as the
+    # backward keeps no output)
+    b_d = tl.load(dA + (t * H + i_h) * BT + o_t, mask=m_t, other=0.)  # [BT] dA_ii
+    b_da += b_d[:, None] * b_q
     tl.store(da + p, b_da.to(da.dtype.element_ty), mask=m)
