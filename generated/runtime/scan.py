@@ -106,7 +106,9 @@ def chunk_scan(a, b, c, gk, gv, reads, h0, C, c_before=None):
     qs = [(_pad_chunks(q, C), dec, wr) for q, dec, wr in reads]
     g = _pad_chunks(gk if gv is None else gv, C)
     Bc = g.cumsum(-2)  # decay from the chunk start through token i: [B, H, N, C, D]
-    Bx = Bc - g  # ... up to token i, exclusive
+    # ... up to token i, exclusive: summed itself, not Bc - g, whose gradient at a chunk's first token is the difference of
+    # two O(1) terms (its read of the entering state, undecayed) when the true value is as small as the decays after it
+    Bx = F.pad(g[..., :-1, :], (0, 0, 1, 0)).cumsum(-2)
     seg = _segsum(g)  # decay between a write at j and a read at i: [B, H, N, C, C, D]
     seg_x = F.pad(seg[..., :-1, :, :], (0, 0, 0, 0, 1, 0))  # the same, excluding token i itself
     last = Bc[..., -1:, :]  # the whole chunk's decay: [B, H, N, 1, D]
