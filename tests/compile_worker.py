@@ -1,24 +1,129 @@
-"""Compiles, without running, every Triton kernel the given specs launch, for an H200 (sm_90), on a machine with no GPU
-(bench/sm90.py: Triton's compiler and ptxas behind a driver that names the target; tests/test_gpu_compile.py starts
-it in a process of its own, where no kernel module was imported for the interpreter).
+"""Compiling, without running, every Triton kernel given specs launch, for an H200 (sm_90), on a machine with no GPU
+(bench/sm90.py: Triton's compiler and ptxas behind a driver that names the target): the worker processes and the pool
+tests/test_gpu_compile.py runs them in.
 
-    python compile_worker.py RESULTS DTYPE D SPEC [SPEC ...]
+    python compile_worker.py [NICENESS]
 
-RESULTS gets one row per compiled kernel (spec, dtype, kernel, shared memory in bytes, warps, stages, loads left
-synchronous in its loops) for inputs of
-DTYPE (bfloat16, float32) and head dims D, or the error that stopped a spec, and the limit a block's shared memory
-has.
+reads jobs from stdin, one a line, as JSON: [DTYPE, D, SPEC] (bfloat16 or float32 inputs, head dims, a spec's path),
+and answers each with one line of JSON on stdout: its rows (spec, dtype, kernel, shared memory in bytes, warps, stages,
+loads left synchronous in its loops; or the error that stopped the spec) and the limit a block's shared memory has.
+Whatever else the compilation prints goes to stderr.
+
+The pool (`Compilation`) starts its workers in processes of their own, where no kernel module was imported for the
+interpreter, with one Triton cache: a kernel two specs launch alike (the same rendered source, constants and argument
+types) is compiled once, by the first worker to reach it, and read from the cache by the others. The jobs are dealt
+in runs of one dtype and head dim, a run to each worker, so that workers seldom compile the same kernel at once; one
+that finishes its runs takes the last jobs of the longest run left.
 """
+from __future__ import annotations
+
 import json
 import os
+import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+DTYPES = ("bfloat16", "float32")
+# the benchmark's head dims and the widest the kernels take (256: the largest tiles, where the defaults change)
+HEAD_DIMS = (128, 256)
+MAX_WORKERS = 4  # each holds torch, Triton and LLVM (about 1 GB)
 
-import sm90  # noqa: E402  (before triton: it unsets TRITON_INTERPRET)
-import torch  # noqa: E402
+
+def kernel_specs(examples: list[str]) -> list[str]:
+    """The shipped specs, then the given ones, that run on Triton templates (each scan group's kernels named)."""
+    import lamixer
+    from lamixer.backends.triton import unsupported
+
+    specs = [str(p) for p in sorted(Path(lamixer.__file__).parent.joinpath("specs").glob("*.lam"))] + examples
+    return [s for s in specs if not unsupported(lamixer.load(s).compiled)]
+
+
+class Compilation:
+    """Every spec compiled at each of DTYPES x HEAD_DIMS by worker processes, in the background until `result()`.
+
+    nice: the workers' niceness; a compilation begun beside other tests leaves them the CPU they use."""
+
+    def __init__(self, specs: list[str], folder: Path, nice: int = 0):
+        self.specs, self.folder = specs, folder
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["TRITON_CACHE_DIR"] = str(folder / "triton")  # compiled here, not found in an earlier run's cache
+        env["LAMIXER_CACHE"] = str(folder / "lamixer")  # the default configurations, no tuned ones
+        runs = [[(dtype, D, spec) for spec in specs] for dtype in DTYPES for D in HEAD_DIMS]
+        count = min(MAX_WORKERS, len(os.sched_getaffinity(0)), len(runs))
+        self._queues = [[job for run in runs[i * len(runs) // count : (i + 1) * len(runs) // count] for job in run] for i in range(count)]
+        self._lock = threading.Lock()
+        self.answers: list[dict] = []
+        self._workers = []
+        for i in range(count):
+            log = open(folder / f"worker{i}.log", "w")
+            proc = subprocess.Popen([sys.executable, __file__, str(nice)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+            thread = threading.Thread(target=self._serve, args=(i, proc), daemon=True)
+            self._workers.append((proc, log, thread))
+            thread.start()
+
+    def _next(self, i: int) -> tuple | None:
+        """Worker i's next job: the front of its own queue, else the back of the longest queue left."""
+        with self._lock:
+            if self._queues[i]:
+                return self._queues[i].pop(0)
+            longest = max(self._queues, key=len)
+            return longest.pop() if longest else None
+
+    def _serve(self, i: int, proc: subprocess.Popen) -> None:
+        while (job := self._next(i)) is not None:
+            try:
+                proc.stdin.write(json.dumps(job) + "\n")
+                proc.stdin.flush()
+                answer = json.loads(proc.stdout.readline() or "null")
+            except (OSError, ValueError):  # stopped, or the worker died
+                answer = None
+            if answer is None:
+                dtype, D, spec = job
+                log = (self.folder / f"worker{i}.log").read_text()[-3000:]
+                answer = dict(rows=[dict(spec=os.path.basename(spec), dtype=dtype, error=f"worker {i} exited:\n{log}")], shared_limit=None)
+            with self._lock:
+                self.answers.append(dict(answer, D=job[1]))
+            if answer["shared_limit"] is None:
+                return
+        proc.stdin.close()
+
+    def result(self, timeout: float) -> tuple[list[dict], int]:
+        """Every job's rows, their dtype given with the head dims ("bfloat16, D = 128"), and the shared-memory limit;
+        waits for the workers (an AssertionError after timeout seconds)."""
+        deadline = time.monotonic() + timeout
+        for _, _, thread in self._workers:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            assert not thread.is_alive(), f"the sm_90 compilation still running after {timeout} s (logs: {self.folder})"
+        left = [job for queue in self._queues for job in queue]
+        assert not left, f"{len(left)} jobs left when every worker had exited: {left[:3]}"
+        rows = [dict(r, dtype=f"{r['dtype']}, D = {a['D']}") for a in self.answers for r in a["rows"]]
+        limits = {a["shared_limit"] for a in self.answers} - {None}
+        return rows, min(limits, default=0)
+
+    def stop(self) -> None:
+        for proc, log, thread in self._workers:
+            proc.kill()
+            proc.wait()
+            thread.join()
+            log.close()
+
+
+def _work() -> None:
+    os.nice(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    answers = os.fdopen(os.dup(1), "w")  # stdout: the answers alone
+    os.dup2(2, 1)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import sm90  # before triton: it unsets TRITON_INTERPRET
+    import torch
+
+    for line in sys.stdin:
+        dtype, D, spec = json.loads(line)
+        rows = sm90.compile_specs([spec], (getattr(torch, dtype),), D=D)
+        answers.write(json.dumps(dict(rows=rows, shared_limit=sm90.SHARED_LIMIT)) + "\n")
+        answers.flush()
+
 
 if __name__ == "__main__":
-    rows = sm90.compile_specs(sys.argv[4:], (getattr(torch, sys.argv[2]),), D=int(sys.argv[3]))
-    with open(sys.argv[1], "w") as f:
-        json.dump(dict(rows=rows, shared_limit=sm90.SHARED_LIMIT), f, indent=1)
+    _work()

@@ -17,6 +17,29 @@ def example_specs() -> list[str]:
     return sorted(os.path.join(EXAMPLE_SPECS, f) for f in os.listdir(EXAMPLE_SPECS) if f.endswith(".lam"))
 
 
+GPU_COMPILE = "test_gpu_compile.py"
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name == GPU_COMPILE)  # last (stable: the others keep their order)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def sm90_compilation(request, tmp_path_factory, example_specs):
+    """The sm_90 compilation tests/test_gpu_compile.py checks (tests/compile_worker.py), begun with the session where
+    that test is to run: beside other tests its workers take, at the lowest priority, the CPU the tests leave idle
+    (the interpreter keeps about one core busy), and the test, run last, waits for what is left."""
+    if not any(item.path.name == GPU_COMPILE for item in request.session.items):
+        yield None
+        return
+    from compile_worker import Compilation, kernel_specs
+
+    alone = all(item.path.name == GPU_COMPILE for item in request.session.items)
+    compilation = Compilation(kernel_specs(example_specs), tmp_path_factory.mktemp("sm90"), nice=0 if alone else 19)
+    yield compilation
+    compilation.stop()
+
+
 class _Poisoned:
     """torch as the kernels' host code sees it in tests: every float tensor it allocates with torch.empty or
     torch.empty_like starts as NaN, so an element a kernel should write and does not fails every comparison."""

@@ -1,43 +1,22 @@
 """Every generated Triton kernel compiles for the H200 (sm_90) with the default configurations, for bf16 and
-float32 inputs, on this machine without a GPU (tests/compile_worker.py, bench/sm90.py: Triton's compiler and ptxas,
-launches turned into compile-only warmups).
+float32 inputs, at head dims of 128 and 256, on this machine without a GPU (tests/compile_worker.py, bench/sm90.py:
+Triton's compiler and ptxas, launches turned into compile-only warmups).
 
 The interpreter the other tests run kernels under does not compile them: a kernel it runs correctly can still be
 refused by the compiler (a block pointer given a 64-bit offset: the loop over chunks took its bound's int64 type)
 or by the hardware (more shared memory than a block may have: the delta rule's reverse pass at three stages on
 float32 inputs, 327680 bytes; at head dims of 256, 245760 at two stages on float32 and three on bf16;
-chunk_additive's gradient kernel at head dims of 256 and 64-token chunks, 245760 to 393216)."""
-import json
+chunk_additive's gradient kernel at head dims of 256 and 64-token chunks, 245760 to 393216).
+
+The compilation begins with the test session (conftest.py's sm90_compilation fixture), in the background, and this
+test runs last, waiting for what is left of it."""
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-import lamixer
-from lamixer.backends.triton import unsupported
-
-WORKER = Path(__file__).resolve().parent / "compile_worker.py"
+from compile_worker import DTYPES, HEAD_DIMS
 
 
-def test_every_kernel_compiles_for_the_h200(tmp_path, example_specs):
-    specs = [str(p) for p in sorted(Path(lamixer.__file__).parent.joinpath("specs").glob("*.lam"))] + example_specs
-    specs = [s for s in specs if not unsupported(lamixer.load(s).compiled)]  # those with Triton templates
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # compiled here, not found in an earlier run's cache
-    env["LAMIXER_CACHE"] = str(tmp_path / "lamixer")  # the default configurations, no tuned ones
-    # every spec at the benchmark's head dims and at the widest (256, where tiles are largest and the defaults change)
-    runs = {f"{dtype} {D}": (D, specs) for dtype in ("bfloat16", "float32") for D in ("128", "256")}
-    logs = {name: open(tmp_path / f"{name}.log", "w") for name in runs}
-    procs = {name: subprocess.Popen([sys.executable, str(WORKER), str(tmp_path / f"{name}.json"), name.split()[0], D, *which],
-                                    env=env, stdout=logs[name], stderr=subprocess.STDOUT) for name, (D, which) in runs.items()}  # fmt: skip
-    rows, limit = [], None
-    for name, proc in procs.items():
-        proc.wait(timeout=1200)
-        logs[name].close()
-        assert proc.returncode == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
-        result = json.loads((tmp_path / f"{name}.json").read_text())
-        rows += [dict(r, dtype=f"{r['dtype']}, D = {runs[name][0]}") for r in result["rows"]]
-        limit = result["shared_limit"]
+def test_every_kernel_compiles_for_the_h200(sm90_compilation):
+    rows, limit = sm90_compilation.result(timeout=1800)
     errors = [f"{r['spec']} ({r['dtype']}): {r['error']}" for r in rows if "error" in r]
     assert not errors, "\n".join(errors)
     kernels = {r["kernel"] for r in rows}
@@ -48,7 +27,9 @@ def test_every_kernel_compiles_for_the_h200(tmp_path, example_specs):
                            "recurrent": ("kernel",)}.items():  # fmt: skip
         for stage in stages:
             assert any(k.startswith(family) and k.endswith(stage) for k in kernels), f"no {family} {stage} compiled"
-    assert {r["spec"] for r in rows} == {os.path.basename(s) for s in specs}
+    # every spec compiled kernels at every dtype and head dim
+    expected = {(os.path.basename(s), f"{dtype}, D = {D}") for s in sm90_compilation.specs for dtype in DTYPES for D in HEAD_DIMS}
+    assert {(r["spec"], r["dtype"]) for r in rows} == expected
     big = [f"{r['kernel']} ({r['spec']}, {r['dtype']}): {r['shared']} bytes" for r in rows if r["shared"] > limit]
     assert not big, "more shared memory than an sm_90 block has: " + ", ".join(big)
     # the sequential state passes are latency-bound: every load of their loops must be one the pipeliner makes
