@@ -123,7 +123,7 @@ def chunk_additive_constant_after_float32_output_fwd(
     # the read mask selected (weigh_pairs' masked form inside), not weighed by 0 (causal.jinja)
     b_A = tl.where(m_ij, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W, 0.)  # [BT, BT]
     b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
     first = tl.full([BV], BT, dtype=tl.int32)
     if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
         first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)

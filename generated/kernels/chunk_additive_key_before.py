@@ -224,7 +224,7 @@ def chunk_additive_key_before_float32_output_fwd(
     m_ij = o_t[:, None] >= o_t[None, :]  # the diagonal blocks hold their own mask
     b_A = tl.load(A + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None] & m_ij, other=0.)  # [BT, BT]
     b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
     first = tl.full([BV], BT, dtype=tl.int32)
     if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
         first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)

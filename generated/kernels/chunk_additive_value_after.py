@@ -412,7 +412,7 @@ def chunk_additive_value_after_float32_strips_bwd(
             b_dAij = tl.where((i_i * BC + o_c)[:, None] == (i_j * BC + o_c)[None, :], 0., b_dAij)
         b_aj = b_aj * tl.exp(b_P[None, :] - b_Bj)
         if ONLY_DQ:
-            if tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BC], 1, b_aj.dtype), b_aj, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0:
+            if tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BC], 1, tl.float32).to(b_aj.dtype), b_aj, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0:
                 b_first = tl.minimum(b_first, tl.min(tl.where(tl.abs(b_aj) < float("inf"), BT, (i_j * BC + o_c)[:, None]), axis=0))
                 b_aj = tl.where(tl.abs(b_aj) < float("inf"), b_aj, 0.)
         b_dq += tl.dot(b_dAij, b_aj, input_precision=ACC_PRECISION)

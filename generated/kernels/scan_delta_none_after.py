@@ -46,7 +46,7 @@ def scan_delta_none_after_float32_prepare_kernel(
         # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
         # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
         # weigh a later NaN by 0 (causal.jinja)
-        bad_m = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_M.dtype), b_M, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+        bad_m = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_M.dtype), b_M, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
         i_first = tl.full([], BT, dtype=tl.int32)  # the first row of M not finite
         if bad_m:
             i_first = tl.min(tl.min(tl.where(tl.abs(b_M) < float("inf"), BT, o_t[:, None]), axis=0), axis=0)
@@ -90,7 +90,7 @@ def scan_delta_none_after_float32_prepare_kernel(
         b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_x = b_c.to(tl.float32)  # [BT, BK]
         if SOLVE:  # the forward, causal for non-finite values (causal.jinja); the backward's rerun need not be
-            bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+            bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
             first = tl.full([BK], BT, dtype=tl.int32)
             if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
                 first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
@@ -106,7 +106,7 @@ def scan_delta_none_after_float32_prepare_kernel(
         m_tv = m_t[:, None] & (o_v < V)[None, :]
         b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
         if SOLVE:
-            bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+            bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
             first = tl.full([BV], BT, dtype=tl.int32)
             if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
                 first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
@@ -249,7 +249,7 @@ def scan_delta_none_after_float32_output_kernel(
         b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_o += tl.dot(b_q.to(tl.float32).to(b_a.dtype), b_h.to(b_a.dtype), input_precision=PRECISION)
     b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
-    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, b_u.dtype), b_u, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_u.dtype), b_u, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
     first = tl.full([BV], BT, dtype=tl.int32)
     if bad:  # a NaN or inf among the chunk's b_u (causal.jinja)
         first = tl.min(tl.where(tl.abs(b_u) < float("inf"), BT, o_t[:, None]), axis=0)
