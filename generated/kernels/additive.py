@@ -158,7 +158,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     dhs = torch.empty_like(hs)
     dh0 = torch.empty_like(h0)
     dq, da, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(b)
-    decay_grad = g is not None and (decay_grad or decay in STRIP_DECAYS)  # the strip and value forms always give it
+    decay_grad = _gives_decay_grad(g, decay, decay_grad)
     dg = torch.empty_like(g) if decay_grad else q.new_empty(0)
     if ones:
         doz, dzt = doz.contiguous(), dzt.contiguous()
@@ -220,6 +220,11 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     return dq, da, db, dg, dh0, dz0
 
 
+def _gives_decay_grad(g: torch.Tensor | None, decay: str, asked: bool) -> bool:
+    """Whether the backward gives d(log decay): where one is asked for; the strip and value forms always give it."""
+    return g is not None and (asked or decay in STRIP_DECAYS)
+
+
 def _per_sequence_sums(per_chunk: torch.Tensor, indices: torch.Tensor | None, N: int) -> torch.Tensor:
     """[chunks, H] summed over each sequence's chunks: [N, H] (indices: chunk_indices of packed sequences)."""
     if indices is None:  # N sequences of equally many chunks, in order
@@ -232,7 +237,7 @@ chunk_scan_backward = torch.library.custom_op(f"{NAMESPACE}::chunk_scan_backward
 
 @chunk_scan_backward.register_fake
 def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg, zs=None, doz=None, dzt=None, decay_grad=True):
-    learn = g is not None and (decay_grad or decay in STRIP_DECAYS)
+    learn = _gives_decay_grad(g, decay, decay_grad)
     return (torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(g) if learn else q.new_empty(0),
             torch.empty_like(h0), torch.empty_like(dzt) if zs is not None else h0.new_empty(0))  # fmt: skip
 

@@ -89,8 +89,7 @@ def chunk_scan(group: ScanGroup, dtype: torch.dtype, config: Config):
     decay its kernels were rendered for where that is not the operands' kind (a per-head constant on chunk_additive's
     "constant" kernels)."""
     run = functools.partial(CHUNK_SCANS[group.train.template], dtype=dtype, config=config)
-    rendered = dict(group.train.args)["decay"]
-    return run if rendered == group.decay.kind else functools.partial(run, decay=rendered)
+    return run if group.rendered_decay is None else functools.partial(run, decay=group.rendered_decay)
 
 
 def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -71,9 +71,8 @@ def _groups_literal(compiled: Compiled) -> list[str]:
              "GROUPS = ("]  # fmt: skip
     for g in compiled.plan.groups:
         entry, default = CHUNK_ENTRIES[g.train.template] if g.train else ("None", "None")
-        rendered = dict(g.train.args)["decay"] if g.train else g.decay.kind
-        if rendered != g.decay.kind:  # told the decay its kernels were rendered for (backends/triton.py: chunk_scan)
-            entry = f"functools.partial({entry}, decay={src.text(rendered)})"
+        if g.rendered_decay is not None:  # told the decay its kernels were rendered for (backends/triton.py: chunk_scan)
+            entry = f"functools.partial({entry}, decay={src.text(g.rendered_decay)})"
         widths = tuple(1 if d is None else d for st, d in zip(g.states, g.value_dims) if st != g.normaliser)
         lines.append(f"    ({entry}, {default}, {src.text(g.decay.kind)}, {src.text(g.key_dim)}, {widths!r}, {g.normaliser is not None}),")
     return lines + [")"]

@@ -114,6 +114,13 @@ class ScanGroup:
         """The single read's position (None when the group has several reads, or none)."""
         return self.reads[0] if len(self.reads) == 1 else None
 
+    @property
+    def rendered_decay(self) -> str | None:
+        """The decay kind the training kernels were rendered for where it is not decay.kind (a per-head constant on
+        chunk_additive's "constant" kernels, which its host entry is then told), else None."""
+        rendered = dict(self.train.args).get("decay") if self.train else None
+        return rendered if rendered not in (None, self.decay.kind) else None
+
 
 @dataclass
 class KernelPlan(Order):
