@@ -1,6 +1,8 @@
-"""examples/mqar.py: the MQAR data generator, and the tiny configuration learning recall on the CPU; examples/mqar_zoology.py: Zoology's data builder."""
+"""examples/mqar.py: the MQAR data generator, and the tiny configuration learning recall on the CPU; examples/mqar_zoology.py: Zoology's
+data builder and training mixture, its model (causal, tied head, Zoology's layout), its accuracy and its loss positions."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,8 +117,12 @@ ZOOLOGY = Path(__file__).resolve().parent.parent / "examples" / "mqar_zoology.py
 def zoology():
     spec = importlib.util.spec_from_file_location("mqar_zoology_example", ZOOLOGY)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
 
 
 @pytest.mark.parametrize("batch, seq_len, pairs, vocab", [(32, 64, 8, 256), (4, 512, 64, 8192), (16, 16, 4, 12)])
@@ -151,3 +157,91 @@ def test_zoology_best_run_per_width(zoology):
             dict(spec="gla", d_model=128, lr=1e-3, accuracy=0.7), dict(spec="deltanet", d_model=64, lr=1e-3, accuracy=0.9)]  # fmt: skip
     best = zoology.best_per_spec(rows)
     assert best["gla"]["64"]["lr"] == 1e-2 and best["gla"]["128"]["accuracy"] == 0.7 and best["deltanet"]["64"]["accuracy"] == 0.9
+
+
+def test_zoology_mixture_is_zoologys(zoology):
+    """The default training mixture and test set are Zoology's (original_mqar_configs.py); a segment's sequences are fixed by
+    its seed, cut into batches in order, the last one short."""
+    args = zoology.parse_args([])
+    train = [(s.seq_len, s.num_kv_pairs, s.sequences) for s in args.train_segments]
+    assert train == [(64, 4, 100_000), (128, 8, 20_000), (256, 16, 20_000), (256, 32, 20_000), (256, 64, 20_000)]
+    test = [(s.seq_len, s.num_kv_pairs, s.sequences) for s in args.test_segments]
+    assert test == [(64, 4, 1000), (64, 8, 1000), (64, 16, 1000), (128, 32, 1000), (256, 64, 1000), (512, 128, 1000), (1024, 256, 1000)]
+    assert (args.vocab, args.batch, args.test_batch, args.epochs, args.lr_list) == (8192, 256, 32, 32, [1e-3, 3.16e-3, 1e-2, 3.16e-2])
+    seg = zoology.Segment.parse("16:2:10")
+    a = zoology.segment_batches(seg, 4, 32, 5, torch.device("cpu"), 0.01)
+    b = zoology.segment_batches(seg, 4, 32, 5, torch.device("cpu"), 0.01)
+    assert [x.shape[0] for x, _ in a] == [4, 4, 2] and all(torch.equal(u[0], v[0]) for u, v in zip(a, b))
+    for bad in ("16:2", "15:2:10", "16:5:10", "16:2:0"):
+        with pytest.raises(SystemExit, match="segment"):
+            zoology.Segment.parse(bad)
+
+
+@pytest.mark.parametrize("spec, layout, mixers", [("gated_deltanet", "hybrid", ["BaseConv", "Layer"]), ("mamba2", "stack", ["Layer", "Layer"])])
+def test_zoology_model_is_causal_with_a_tied_head(zoology, spec, layout, mixers):
+    """Zoology's layout for the spec; the head is the embedding; a change at position t moves no output before t."""
+    args = zoology.parse_args(["--tiny", "--vocab", "64"])
+    torch.manual_seed(0)
+    model, options, heads = zoology.build_model(spec, 32, args)
+    model.eval()
+    assert [type(b.mixer).__name__ for b in model.blocks] == mixers and model.head.weight is model.embed.weight
+    assert (layout == "hybrid") == isinstance(model.blocks[0].norm1, torch.nn.LayerNorm)
+    assert heads == (2 if spec == "gated_deltanet" else 1) and options == ({"head_dim": 16, "expand_v": 2} if layout == "hybrid" else {"expand": 2, "d_state": 16})
+    x = torch.randint(64, (2, 24))
+    x2 = x.clone()
+    x2[:, 11] = (x2[:, 11] + 1) % 64
+    with torch.no_grad():
+        h, h2 = model.hidden(x), model.hidden(x2)
+    assert torch.equal(h[:, :11], h2[:, :11]) and not torch.allclose(h[:, 11:], h2[:, 11:])
+
+
+def test_zoology_accuracy_is_the_mean_over_sequences(zoology, monkeypatch):
+    """Zoology's valid/accuracy averages each sequence's fraction of right queries over the sequences of all test segments."""
+    g = torch.Generator().manual_seed(2)
+    short, long_ = zoology.Segment(16, 2, 3), zoology.Segment(32, 4, 3)
+    test = [(short, [zoology.zoology_batch(3, 16, 2, 64, g)]), (long_, [zoology.zoology_batch(3, 32, 4, 64, g)])]
+
+    def right_when_even(model, x, y):  # a model that answers exactly the queries whose value is even
+        target = y[y != -100]
+        logits = torch.zeros(target.shape[0], 64)
+        logits[torch.arange(target.shape[0]), torch.where(target % 2 == 0, target, (target + 1) % 64)] = 1.0
+        return logits, target
+
+    monkeypatch.setattr(zoology, "query_logits", right_when_even)
+    accuracy, per = zoology.evaluate(torch.nn.Linear(1, 1), test)
+    expect = {}
+    for seg, [(_, y)] in test:
+        expect[seg.name] = [((row[row != -100] % 2) == 0).double().mean().item() for row in y]
+    assert per == pytest.approx({k: sum(v) / len(v) for k, v in expect.items()})
+    assert accuracy == pytest.approx(sum(expect["16/2"] + expect["32/4"]) / 6)
+
+
+def test_zoology_query_loss_is_the_causal_lm_loss(zoology):
+    """The script scores the logits at query positions against the value; LamixerForCausalLM's own loss, given the value as the
+    next token's label, is the same number: the targets sit where the model predicts them."""
+    args = zoology.parse_args(["--tiny", "--model", "hf", "--vocab", "64", "--specs", "deltanet"])
+    torch.manual_seed(0)
+    model, _, _ = zoology.build_model("deltanet", 16, args)
+    x, y = zoology.zoology_batch(3, 32, 4, 64, torch.Generator().manual_seed(4))
+    logits, target = zoology.query_logits(model, x, y)
+    labels = torch.full_like(y, -100)
+    labels[:, 1:] = y[:, :-1]  # the value is the label of the token after the query
+    own = model(input_ids=x, labels=labels, use_cache=False).loss
+    assert torch.nn.functional.cross_entropy(logits, target).item() == pytest.approx(own.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("data", ["--fixed", "--fresh"])
+def test_zoology_run_end_to_end(zoology, tmp_path, data):
+    """One short run writes its per-epoch history; the JSON holds the configuration and each spec's best run."""
+    threads = torch.get_num_threads()
+    out = tmp_path / "z.json"
+    try:
+        record = zoology.main(["--specs", "deltanet", "--d-models", "16", "--lrs", "1e-2", "--train", "16:2:16,32:4:8", "--test", "16:2:8",
+                               "--vocab", "64", "--epochs", "2", "--batch", "8", "--test-batch", "8", "--threads", "1", "--out", str(out), data])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    saved = json.loads(out.read_text())
+    [run] = saved["results"]
+    assert run["steps"] == 3 * run["epochs"] and [h["epoch"] for h in run["history"]] == list(range(1, run["epochs"] + 1))
+    assert saved["best"]["deltanet"]["16"]["accuracy"] == run["accuracy"] == record["results"][0]["accuracy"]
+    assert set(run["per_segment"]) == {"16/2"} and saved["config"]["train"] == "16:2:16,32:4:8" and saved["config"]["fresh"] == (data == "--fresh")
