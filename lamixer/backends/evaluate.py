@@ -15,7 +15,7 @@ from ..parallel import mixer as parallel
 from ..passes.classify import Scan
 from ..passes.kernel_plan import Form
 from ..passes.pipeline import Compiled
-from ..runtime import ops
+from ..runtime import ops, recompute
 from ..runtime.carry import block_attention, extras, statistic
 from ..runtime.scan import KeyForm, ScanOperands, attention_dtype, scan_group, torch_scan
 from ..runtime.substeps import substep_scan
@@ -63,6 +63,42 @@ class _Program:
         # which cannot enter networkx)
         self.blocks = {n: i for i, n in enumerate(sorted(n for n in nodes if nodes[n]["op"] == "block_attention"))}
         self.stats = sorted(n for n in nodes if nodes[n]["op"] == "stat")
+        self.prologues = self._prologues()  # scan operand -> (its per-token work in order, what that work reads)
+        self.in_prologue = {m for work, _ in self.prologues.values() for m in work}
+
+    def _prologues(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """The per-token work that only makes a scan's operand (a feature map, a gate), for each such operand: the nodes
+        used by nothing but the operand's own work, and the nodes outside it that work reads. A call recomputes it in
+        the backward (runtime/recompute.py) when it reads only inputs and values without a time axis (params,
+        statistics, constants and what is made of them): what it would keep is several times those."""
+        kinds = dict(self.steps)
+        users: dict[int, set] = {}
+        for n, kind in self.steps:
+            if kind != "scan":
+                for a in self.nodes[n]["args"]:
+                    users.setdefault(a, set()).add(n)
+        timeless: set[int] = set()  # values without a time axis: params, constants, statistics and what is made of them
+        for n, kind in self.steps:
+            if kind in ("constant", "stat") or (kind == "leaf" and self.nodes[n]["op"] != "input") or (
+                    kind == "op" and all(a in timeless for a in self.nodes[n]["args"])):  # fmt: skip
+                timeless.add(n)
+        operands = {n for s in self.c.classification.scans for n in s.inputs() if n not in self.direct and kinds.get(n) == "op"}
+        out = {}
+        for n in sorted(operands):
+            if users.get(n):  # also used outside the scans: evaluated as it is
+                continue
+            work, grown = {n}, True
+            while grown:
+                grown = False
+                for m in list(work):
+                    for a in self.nodes[m]["args"]:
+                        if a not in work and kinds.get(a) == "op" and a not in operands and users.get(a, set()) <= work:
+                            work.add(a)
+                            grown = True
+            reads = {a for m in work for a in self.nodes[m]["args"] if a not in work}
+            if reads <= timeless | {a for a in reads if self.nodes[a]["op"] == "input"}:
+                out[n] = (tuple(m for m, _ in self.steps if m in work), tuple(sorted(reads)))
+        return out
 
     def _scan_deps(self, s: Scan) -> list[int]:
         deps = []
@@ -89,6 +125,25 @@ def program(compiled: Compiled, direct: dict[int, Form] | None = None) -> _Progr
     key = ("program", tuple((n, direct[n]) for n in sorted(direct)))  # sorted by node alone: torch.compile sorts ints, not tuples
     found = compiled.cache.get(key)
     return found if found is not None else remember(compiled.cache, key, _Program(compiled, direct))
+
+
+def _converted(d: dict, x: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """An input or param leaf's tensor in the compute dtype, a param shaped to broadcast over [B, T, H, *dims]."""
+    x = x.to(dt)
+    if d["op"] == "input":
+        return x
+    return x.reshape(1, 1, *x.shape) if d["per_head"] else x.reshape(1, 1, 1, *x.shape)
+
+
+def _prologue(nodes: dict, work: tuple[int, ...], reads: tuple[int, ...], dt: torch.dtype, *values: torch.Tensor) -> torch.Tensor:
+    """A scan operand's per-token work (_Program._prologues) on the values of what it reads (an input or param leaf's
+    as the caller gave it); the last node of `work` is the operand. Reads nothing else: the backward keeps its
+    arguments to run it again (runtime/recompute.py)."""
+    env = {a: _converted(nodes[a], v, dt) if nodes[a]["op"] in ("input", "param") else v for a, v in zip(reads, values)}
+    for m in work:
+        args = nodes[m]["args"]
+        env[m] = ops.apply(nodes[m], [env[a] for a in args], [nodes[a]["dims"] for a in args])
+    return env[work[-1]]
 
 
 class _Evaluator:
@@ -120,11 +175,8 @@ class _Evaluator:
         d, call = self.nodes[n], self.call
         dt, dev = call.compute_dtype, call.device
         op = d["op"]
-        if op == "input":
-            return call.inputs[d["name"]].to(dt)
-        if op == "param":
-            p = call.inputs[d["name"]].to(dt)
-            return p.reshape(1, 1, *p.shape) if d["per_head"] else p.reshape(1, 1, 1, *p.shape)
+        if op in ("input", "param"):
+            return _converted(d, call.inputs[d["name"]], dt)
         if op == "head":
             return torch.arange(call.heads, dtype=dt, device=dev).reshape(1, 1, -1)
         value = {"const": lambda: d["value"], "dim": lambda: call.sizes[d["name"]], "scale": lambda: call.scale}[op]()
@@ -156,6 +208,8 @@ class _Evaluator:
         consts = self.constants() if self.prog.constants or self.prog.constant_factors else {}
         self.consts = consts
         for n, kind in self.prog.steps:
+            if n in self.prog.in_prologue:  # made with its scan (prologue)
+                continue
             if kind == "scan":
                 if plan.read_scan[n] not in self.finals:
                     self.scan(plan.read_scan[n])
@@ -223,6 +277,21 @@ class _Evaluator:
                                              size, dtype)  # fmt: skip
         return o.to(call.compute_dtype)
 
+    def prologue(self, scans: list[Scan]) -> list[tuple[torch.Tensor, object, tuple]]:
+        """The operands of `scans` made by per-token work of their own (_Program._prologues), each evaluated so that the
+        backward recomputes it, as (value, function, arguments) for recompute.rebuilt."""
+        made = []
+        for s in scans:
+            for n in s.inputs():
+                if n in self.prog.prologues and n not in self.env:
+                    work, reads = self.prog.prologues[n]
+                    args = tuple(self.call.inputs[self.nodes[a]["name"]] if self.nodes[a]["op"] in ("input", "param") else self.env[a]
+                                 for a in reads)  # fmt: skip
+                    fn = functools.partial(_prologue, self.nodes, work, reads, self.call.compute_dtype)
+                    self.env[n] = recompute.recomputed(fn, *args)
+                    made.append((self.env[n], fn, args))
+        return made
+
     def operand(self, n: int | None) -> torch.Tensor | None:
         """A scan operand: a node's value, or a direct operand's input tensor (its form left to the kernel)."""
         if n is None:
@@ -262,17 +331,20 @@ class _Evaluator:
         impl, normaliser = self.scan_impl[group.states] if isinstance(self.scan_impl, dict) else (self.scan_impl, False)
         if self.call.context_parallel is not None:  # a slice of the time axis: composed with the other ranks' slices
             impl = functools.partial(parallel.scan, impl, self.call.context_parallel)
+        made = self.prologue(scans)
         if not s.plain:
-            self.substeps(group, s, impl)
+            with recompute.rebuilt(made):
+                self.substeps(group, s, impl)
             return
         operand, call = self.operand, self.call
-        reads, finals = scan_group(
-            impl, (self.B, self.T, call.heads), operand(s.write_key),
-            [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay),
-            group.decay.kind, [(operand(r.query), p) for r, p in zip(s.reads, group.reads)],
-            [call.initial_state[t.state] for t in scans], call.cu_seqlens, group.chunk, [self.factor(r.query) for r in s.reads],
-            self.forms(s), normaliser,
-        )  # fmt: skip
+        with recompute.rebuilt(made):
+            reads, finals = scan_group(
+                impl, (self.B, self.T, call.heads), operand(s.write_key),
+                [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay),
+                group.decay.kind, [(operand(r.query), p) for r, p in zip(s.reads, group.reads)],
+                [call.initial_state[t.state] for t in scans], call.cu_seqlens, group.chunk, [self.factor(r.query) for r in s.reads],
+                self.forms(s), normaliser,
+            )  # fmt: skip
         for t, outs, final in zip(scans, reads, finals):
             for r, o in zip(t.reads, outs):
                 self.env[r.node] = o

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from . import ops, recompute
 
 
 def _pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
@@ -343,7 +343,12 @@ def attention_dtype(call) -> torch.dtype | None:
 def block_attention(q, k, v, scale, size: int, cu_seqlens=None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Causal softmax attention within blocks of `size` tokens of every sequence: [B, T, H, D] -> [B, T, H, Dv],
     computed in `dtype` when given, returned in q's. A number `scale` goes to the attention kernel itself; a tensor
-    one (an expression of the call) multiplies q first."""
+    one (an expression of the call) multiplies q first. Recomputed in the backward (runtime/recompute.py): kept, its
+    masked keys and values, output and masks were seven bytes per element of q in bf16."""
+    return recompute.recomputed(functools.partial(_attend_blocks, size, cu_seqlens, dtype), q, k, v, scale)
+
+
+def _attend_blocks(size: int, cu_seqlens, dtype: torch.dtype | None, q, k, v, scale) -> torch.Tensor:
     out = q.dtype
     if isinstance(scale, torch.Tensor):
         q, scale = q * scale.to(q.dtype).reshape(()), 1.0

@@ -1,0 +1,132 @@
+"""What a mixer's forward+backward keeps and allocates, measured on the CPU (the kernels under TRITON_INTERPRET=1), as
+`lamixer bench` runs it on a GPU (the triton backend, bf16 inputs, fresh gradients), scaled to the bench's shape.
+
+    TRITON_INTERPRET=1 python bench/memory.py lln [--T 512 --H 2 --D 128] [--emulate] [--fused]
+
+Two numbers, both in bytes per (token x head), which scale linearly to B * T * H of any shape:
+- saved: the unique storages the autograd graph keeps from the forward for the backward (saved_tensors_hooks),
+  less the inputs themselves;
+- work: the peak of the bytes the forward+backward holds above what was allocated before it (torch.profiler's
+  allocation events), the bench's work_GiB; the storages of the output, the gradients and the saved tensors count.
+--emulate runs bf16 kernels in bf16 as a GPU does (lamixer.tools.emulate; without it the interpreter's kernels take
+float32 copies); --fused runs the per-token work under torch.compile as on a GPU (runtime/fuse.py; needs a C++
+compiler for inductor's CPU code). The largest allocations are listed with the op that made them.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import traceback
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+import lamixer  # noqa: E402
+from lamixer.tools.check import random_call  # noqa: E402
+
+BENCH = dict(B=4, T=8192, H=16, D=128)  # lamixer bench's shape at T = 8192 (B * T = 32768)
+
+
+def _where() -> str:
+    """The innermost lamixer source line on the stack (where a saved tensor was saved)."""
+    for f in reversed(traceback.extract_stack()):
+        if "/lamixer/" in f.filename:
+            return f"{f.filename.rpartition('/lamixer/')[2]}:{f.lineno}"
+    return "?"
+
+
+def saved_bytes(fn) -> tuple[object, int, list[tuple[tuple, torch.dtype, int]]]:
+    """fn()'s result and the bytes of the unique storages its autograd graph saved, with (shape, dtype, bytes) of each."""
+    seen: dict[int, tuple] = {}
+
+    def pack(t: torch.Tensor):
+        s = t.untyped_storage()
+        if s.data_ptr() not in seen and s.nbytes():
+            seen[s.data_ptr()] = (tuple(t.shape), t.dtype, s.nbytes(), _where())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, seen
+
+
+def allocation_peak(fn) -> tuple[int, str, list[tuple[int, str]]]:
+    """The peak of the bytes fn() allocates and has not yet freed, the op that reached it, and the allocations (bytes, op) it made, largest
+    first (torch.profiler's CPU memory events: the kernels' own numpy work is outside them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+        fn()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    live = peak = 0
+    allocs, at = [], ""
+    for e in events:  # each op's own net allocation (its children's apart) at its start; frees outside ops as [memory]
+        live += e.self_cpu_memory_usage
+        if live > peak:
+            peak, at = live, e.name
+        if e.name != "[memory]" and e.self_cpu_memory_usage > 0:
+            allocs.append((e.self_cpu_memory_usage, e.name))
+    return peak, at, sorted(allocs, reverse=True)
+
+
+def measure(name: str, B: int, T: int, H: int, D: int, fused: bool = False) -> dict:
+    m = lamixer.load(name)
+    tensors, _ = random_call(m, B=B, T=T, H=H, size=D, dtype=torch.bfloat16, initial_state=False, distinct=False)
+    tensors = {k: v.requires_grad_() for k, v in tensors.items()}
+    do = torch.randn(B, T, H, D, dtype=torch.bfloat16)
+    if fused:
+        from lamixer.runtime import fuse
+
+        fuse.DEVICES = ("cpu",)
+        for _ in range(2):  # the first call of a signature runs unfused; the second compiles
+            m(**tensors, backend="triton")[0].backward(do)
+    for t in tensors.values():
+        t.grad = None
+    o, seen = saved_bytes(lambda: m(**tensors, backend="triton")[0])
+    inputs = {t.untyped_storage().data_ptr() for t in tensors.values()}
+    kept = {p: v for p, v in seen.items() if p not in inputs}
+    del o
+    for t in tensors.values():
+        t.grad = None
+    peak, at, allocs = allocation_peak(lambda: m(**tensors, backend="triton")[0].backward(do))
+    units = B * T * H
+    return dict(saved=sum(v[2] for v in kept.values()) / units, work=peak / units, peak_at=at, kept=sorted(kept.values(), key=lambda v: -v[2]),
+                allocs=allocs, units=units)  # fmt: skip
+
+
+def _half_attention(call) -> torch.dtype | None:
+    """Block attention's dtype as on a GPU (runtime.scan.attention_dtype): the inputs' half type."""
+    return call.out_dtype if call.out_dtype in (torch.bfloat16, torch.float16) else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec")
+    p.add_argument("--B", type=int, default=1)
+    p.add_argument("--T", type=int, default=512)
+    p.add_argument("--H", type=int, default=2)
+    p.add_argument("--D", type=int, default=128)
+    p.add_argument("--emulate", action="store_true", help="bf16 kernels as on a GPU (lamixer.tools.emulate)")
+    p.add_argument("--fused", action="store_true", help="the per-token work under torch.compile, as on a GPU")
+    p.add_argument("--top", type=int, default=12)
+    args = p.parse_args()
+    if args.emulate:
+        from lamixer.backends import evaluate
+        from lamixer.tools import emulate
+
+        emulate.bf16_like_gpu()
+        evaluate.attention_dtype = _half_attention
+    r = measure(args.spec, args.B, args.T, args.H, args.D, args.fused)
+    scale = BENCH["B"] * BENCH["T"] * BENCH["H"] / r["units"]  # at the bench's D (128) bytes per token x head match it
+    print(f"{args.spec}: B={args.B} T={args.T} H={args.H} D={args.D}, bf16, triton backend{' fused' if args.fused else ''}")
+    print(f"saved for the backward: {r['saved']:.0f} bytes per token x head ({r['saved'] / args.D:.2f} per element)"
+          f" -> {r['saved'] * r['units'] * scale / 1e6:.0f} MB at B=4 T=8192 H=16 D=128")  # fmt: skip
+    print(f"forward+backward peak above the inputs: {r['work']:.0f} bytes per token x head"
+          f" -> {r['work'] * r['units'] * scale / 1e6:.0f} MB at the bench shape (reached in {r['peak_at']})")  # fmt: skip
+    print("kept:", *(f"{n} {list(s)} {str(d).removeprefix('torch.')} {w}" for s, d, n, w in r["kept"][: args.top]), sep="\n  ")
+    print("largest allocations:", *(f"{n} {op}" for n, op in r["allocs"][: args.top]), sep="\n  ")
+
+
+if __name__ == "__main__":
+    main()
