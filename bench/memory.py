@@ -9,8 +9,9 @@ Two numbers, both in bytes per (token x head), which scale linearly to B * T * H
 - work: the peak of the bytes the forward+backward holds above what was allocated before it (torch.profiler's
   allocation events), the bench's work_GiB; the storages of the output, the gradients and the saved tensors count.
 --emulate runs bf16 kernels in bf16 as a GPU does (lamixer.tools.emulate; without it the interpreter's kernels take
-float32 copies); --fused runs the per-token work under torch.compile as on a GPU (runtime/fuse.py; needs a C++
-compiler for inductor's CPU code). The largest allocations are listed with the op that made them.
+float32 copies; block attention then runs in bf16 too, as on a GPU); --fused runs the per-token work under
+torch.compile as on a GPU (runtime/fuse.py; needs a C++ compiler for inductor's CPU code; the saved bytes are then
+those of a call under saved-tensor hooks, which torch.compile partitions apart: read the held bytes instead).
 """
 from __future__ import annotations
 
@@ -51,23 +52,24 @@ def saved_bytes(fn) -> tuple[object, int, list[tuple[tuple, torch.dtype, int]]]:
     return out, seen
 
 
-def allocation_peak(fn) -> tuple[int, str, list[tuple[int, str]]]:
-    """The peak of the bytes fn() allocates and has not yet freed, the op that reached it, and the allocations (bytes, op) it made, largest
-    first (torch.profiler's CPU memory events: the kernels' own numpy work is outside them)."""
+def allocation_peak(fn) -> tuple[int, int, int]:
+    """The peak of the bytes fn() allocates and has not yet freed, what it still held at the mark and its peak before (a
+    record_function named "mark" fn enters once, between its forward and its backward): every allocation and free as
+    torch.profiler records it, in time order (the kernels' own numpy work under the interpreter is outside them)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         fn()
-    events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    live = peak = 0
-    allocs, at = [], ""
-    for e in events:  # each op's own net allocation (its children's apart) at its start; frees outside ops as [memory]
-        live += e.self_cpu_memory_usage
-        if live > peak:
-            peak, at = live, e.name
-        if e.name != "[memory]" and e.self_cpu_memory_usage > 0:
-            allocs.append((e.self_cpu_memory_usage, e.name))
-    return peak, at, sorted(allocs, reverse=True)
+    events = sorted(prof.profiler.kineto_results.events(), key=lambda e: e.start_ns())
+    mark = next(e.start_ns() for e in events if e.name() == "mark")
+    live = peak = held = forward = 0
+    for e in events:
+        if e.name() == "[memory]":
+            if e.start_ns() >= mark and not held:
+                held, forward = live, peak
+            live += e.nbytes()
+            peak = max(peak, live)
+    return peak, held, forward
 
 
 def measure(name: str, B: int, T: int, H: int, D: int, fused: bool = False) -> dict:
@@ -89,10 +91,16 @@ def measure(name: str, B: int, T: int, H: int, D: int, fused: bool = False) -> d
     del o
     for t in tensors.values():
         t.grad = None
-    peak, at, allocs = allocation_peak(lambda: m(**tensors, backend="triton")[0].backward(do))
+    def fb():
+        o = m(**tensors, backend="triton")[0]
+        with torch.profiler.record_function("mark"):
+            pass
+        o.backward(do)
+
+    peak, held, forward = allocation_peak(fb)
     units = B * T * H
-    return dict(saved=sum(v[2] for v in kept.values()) / units, work=peak / units, peak_at=at, kept=sorted(kept.values(), key=lambda v: -v[2]),
-                allocs=allocs, units=units)  # fmt: skip
+    return dict(saved=sum(v[2] for v in kept.values()) / units, work=peak / units, held=held / units, forward=forward / units,
+                kept=sorted(kept.values(), key=lambda v: -v[2]), units=units)  # fmt: skip
 
 
 def _half_attention(call) -> torch.dtype | None:
@@ -123,9 +131,11 @@ def main() -> None:
     print(f"saved for the backward: {r['saved']:.0f} bytes per token x head ({r['saved'] / args.D:.2f} per element)"
           f" -> {r['saved'] * r['units'] * scale / 1e6:.0f} MB at B=4 T=8192 H=16 D=128")  # fmt: skip
     print(f"forward+backward peak above the inputs: {r['work']:.0f} bytes per token x head"
-          f" -> {r['work'] * r['units'] * scale / 1e6:.0f} MB at the bench shape (reached in {r['peak_at']})")  # fmt: skip
+          f" -> {r['work'] * r['units'] * scale / 1e6:.0f} MB at the bench shape")
+    print(f"forward's own peak: {r['forward']:.0f} bytes per token x head -> {r['forward'] * r['units'] * scale / 1e6:.0f} MB")
+    print(f"held after the forward (the output and what the backward keeps): {r['held']:.0f} bytes per token x head"
+          f" -> {r['held'] * r['units'] * scale / 1e6:.0f} MB")  # fmt: skip
     print("kept:", *(f"{n} {list(s)} {str(d).removeprefix('torch.')} {w}" for s, d, n, w in r["kept"][: args.top]), sep="\n  ")
-    print("largest allocations:", *(f"{n} {op}" for n, op in r["allocs"][: args.top]), sep="\n  ")
 
 
 if __name__ == "__main__":

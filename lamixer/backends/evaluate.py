@@ -65,6 +65,51 @@ class _Program:
         self.stats = sorted(n for n in nodes if nodes[n]["op"] == "stat")
         self.prologues = self._prologues()  # scan operand -> (its per-token work in order, what that work reads)
         self.in_prologue = {m for work, _ in self.prologues.values() for m in work}
+        self.releases = self._releases()  # step index -> the values no later step reads, dropped after it
+        # inputs read only by statistics and block attention (and prologues, which convert them themselves): converted
+        # to the compute dtype where read, never held (block attention takes a half input as it is)
+        readers: dict[int, set[str]] = {}
+        for n, kind in self.steps:
+            for a in self.nodes[n]["args"] if kind != "scan" else ():
+                readers.setdefault(a, set()).add(kind if n not in self.in_prologue else "prologue")
+        scanned = {r for s in self.c.classification.scans for r in self._scan_reads(s)}
+        self.lazy = {n for n, kind in self.steps if kind == "leaf" and self.nodes[n]["op"] == "input" and n not in scanned
+                     and readers.get(n, set()) <= {"stat", "block_attention", "prologue"}}  # fmt: skip
+
+    def _scan_reads(self, s: Scan) -> list[int]:
+        """The values a scan reads from a call's environment: its operands, a direct operand's factor instead, a
+        prologue's reads instead of its work."""
+        out = []
+        for a in s.inputs():
+            d = self.direct.get(a)
+            out += (list(self.prologues[a][1]) if a in self.prologues else [] if d is not None else [a]) + (
+                [d.factor] if d is not None and d.factor is not None else [])  # fmt: skip
+        return out
+
+    def _releases(self) -> dict[int, tuple[int, ...]]:
+        """For each step, the per-token values whose last reader it is: a call drops them from its environment there, so
+        the forward holds at once only what is still to be read (autograd keeps what the backward needs itself). A
+        scan reads its operands, its direct operands' factors and its prologues' reads at its group's first read; the
+        output, statistics (a call may report them) and constants are kept."""
+        last: dict[int, int] = {}
+        first_read: dict[str, int] = {}
+        for i, (n, kind) in enumerate(self.steps):
+            if kind == "scan":
+                state = self.c.plan.read_scan[n]
+                group = self.groups[state][1]
+                at = first_read.setdefault(self.groups[state][0].states[0], i)
+                for r in (r for s in group for r in self._scan_reads(s)):
+                    last[r] = max(last.get(r, at), at)
+            else:
+                for a in self.nodes[n]["args"]:
+                    last[a] = i
+        unread = {r for s in self.c.classification.scans if not s.reads for r in self._scan_reads(s)}  # run after every step
+        keep = unread | set(self.stats) | set(self.constant) | {self.c.graph.output}
+        out: dict[int, list[int]] = {}
+        for n, i in last.items():
+            if n not in keep:
+                out.setdefault(i, []).append(n)
+        return {i: tuple(ns) for i, ns in out.items()}
 
     def _prologues(self) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
         """The per-token work that only makes a scan's operand (a feature map, a gate), for each such operand: the nodes
@@ -135,15 +180,16 @@ def _converted(d: dict, x: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
     return x.reshape(1, 1, *x.shape) if d["per_head"] else x.reshape(1, 1, 1, *x.shape)
 
 
-def _prologue(nodes: dict, work: tuple[int, ...], reads: tuple[int, ...], dt: torch.dtype, *values: torch.Tensor) -> torch.Tensor:
+def _prologue(nodes: dict, work: tuple[int, ...], reads: tuple[int, ...], dt: torch.dtype, out: torch.dtype | None,
+              *values: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """A scan operand's per-token work (_Program._prologues) on the values of what it reads (an input or param leaf's
-    as the caller gave it); the last node of `work` is the operand. Reads nothing else: the backward keeps its
-    arguments to run it again (runtime/recompute.py)."""
+    as the caller gave it), computed in dt, returned in `out` (None: dt); the last node of `work` is the operand.
+    Reads nothing else: the backward keeps its arguments to run it again (runtime/recompute.py)."""
     env = {a: _converted(nodes[a], v, dt) if nodes[a]["op"] in ("input", "param") else v for a, v in zip(reads, values)}
     for m in work:
         args = nodes[m]["args"]
         env[m] = ops.apply(nodes[m], [env[a] for a in args], [nodes[a]["dims"] for a in args])
-    return env[work[-1]]
+    return env[work[-1]] if out is None else env[work[-1]].to(out)
 
 
 class _Evaluator:
@@ -169,7 +215,7 @@ class _Evaluator:
     def full(self, n: int) -> torch.Tensor:
         """Node n's value expanded to [B, T, H, *dims]."""
         sizes = [self.call.sizes[d] for d in self.nodes[n]["dims"]]
-        return self.env[n].expand(self.B, self.T, self.call.heads, *sizes)
+        return (self.env[n] if n in self.env else self.leaf(n)).expand(self.B, self.T, self.call.heads, *sizes)
 
     def leaf(self, n: int) -> torch.Tensor:
         d, call = self.nodes[n], self.call
@@ -207,8 +253,11 @@ class _Evaluator:
         nodes, plan = self.nodes, self.c.plan
         consts = self.constants() if self.prog.constants or self.prog.constant_factors else {}
         self.consts = consts
-        for n, kind in self.prog.steps:
-            if n in self.prog.in_prologue:  # made with its scan (prologue)
+        releases = self.prog.releases
+        for i, (n, kind) in enumerate(self.prog.steps):
+            for done in releases.get(i - 1, ()):
+                self.env.pop(done, None)
+            if n in self.prog.in_prologue or n in self.prog.lazy:  # made with its scan (prologue), or where read
                 continue
             if kind == "scan":
                 if plan.read_scan[n] not in self.finals:
@@ -277,17 +326,20 @@ class _Evaluator:
                                              size, dtype)  # fmt: skip
         return o.to(call.compute_dtype)
 
-    def prologue(self, scans: list[Scan]) -> list[tuple[torch.Tensor, object, tuple]]:
+    def prologue(self, scans: list[Scan], dtype: torch.dtype | None = None) -> list[tuple[torch.Tensor, object, tuple]]:
         """The operands of `scans` made by per-token work of their own (_Program._prologues), each evaluated so that the
-        backward recomputes it, as (value, function, arguments) for recompute.rebuilt."""
+        backward recomputes it, as (value, function, arguments) for recompute.rebuilt; a key, query or value in `dtype`
+        when given (the kernels' operand dtype: the conversion is then recomputed with the rest, never kept), a log
+        decay as it is (the kernels read it in the compute dtype)."""
         made = []
+        decays = {w.log_decay for s in scans for w in s.writes}
         for s in scans:
             for n in s.inputs():
                 if n in self.prog.prologues and n not in self.env:
                     work, reads = self.prog.prologues[n]
                     args = tuple(self.call.inputs[self.nodes[a]["name"]] if self.nodes[a]["op"] in ("input", "param") else self.env[a]
                                  for a in reads)  # fmt: skip
-                    fn = functools.partial(_prologue, self.nodes, work, reads, self.call.compute_dtype)
+                    fn = functools.partial(_prologue, self.nodes, work, reads, self.call.compute_dtype, None if n in decays else dtype)
                     self.env[n] = recompute.recomputed(fn, *args)
                     made.append((self.env[n], fn, args))
         return made
@@ -325,13 +377,13 @@ class _Evaluator:
     def scan(self, state: str) -> None:
         """Run the scan group of `state`: one scan, or several sharing keys, decay and queries with their values side
         by side, on the implementation the backend chose for the group (scan_impl: one for every group, or a
-        {group states: (implementation, whether it carries the group's normaliser)} mapping)."""
+        {group states: (implementation, whether it carries the group's normaliser[, its operand dtype])} mapping)."""
         group, scans = self.prog.groups[state]
         s = scans[0]
-        impl, normaliser = self.scan_impl[group.states] if isinstance(self.scan_impl, dict) else (self.scan_impl, False)
+        impl, normaliser, *dtype = self.scan_impl[group.states] if isinstance(self.scan_impl, dict) else (self.scan_impl, False)
         if self.call.context_parallel is not None:  # a slice of the time axis: composed with the other ranks' slices
             impl = functools.partial(parallel.scan, impl, self.call.context_parallel)
-        made = self.prologue(scans)
+        made = self.prologue(scans, *dtype)
         if not s.plain:
             with recompute.rebuilt(made):
                 self.substeps(group, s, impl)

@@ -177,7 +177,11 @@ def _block_attention(q, k, v, size: int, scale: float) -> torch.Tensor:
     bad_k, bad_v = ~torch.isfinite(k).all(-1, keepdim=True), ~torch.isfinite(v)
     k, v = torch.where(bad_k, 0.0, k), torch.where(bad_v, 0.0, v)
     out = F.scaled_dot_product_attention(blocks(q), k, v, is_causal=True, scale=scale)  # [B * nb, H, size, Dv]
-    seen = (bad_k | bad_v).to(torch.float32).cumsum(-2) > 0
+    bad = bad_k | bad_v  # [B * nb, H, size, Dv]
+    # each column's first non-finite row, as a row index (size where none): the rows from it on are NaN (a float32
+    # cumulative count of the bad rows would take four bytes per element, twice, where this takes one)
+    first = torch.where(bad.any(-2, keepdim=True), bad.to(torch.uint8).argmax(-2, keepdim=True), bad.shape[-2])
+    seen = torch.arange(bad.shape[-2], device=bad.device).unsqueeze(-1) >= first
     out = torch.where(seen, float("nan"), out)
     return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
 
