@@ -75,17 +75,17 @@ def test_packed_sequences_equal_separate_runs(name):
     lengths = [5, 1, 7]
     xs = [torch.randn(1, n, HIDDEN, dtype=torch.float64) for n in lengths]
     cu = torch.tensor([0, 5, 6, 13])
-    alone = [layer(x) for x in xs]
+    alone = [layer(x, return_state=True) for x in xs]  # (output, final state) of each sequence run by itself
     packed = layer(torch.cat(xs, 1), cu_seqlens=cu)
-    assert rel(packed, torch.cat(alone, 1)) < 1e-6
-    # the packed final states are the separate ones, and continue as they would
-    if True:
-        _, state = layer(torch.cat(xs, 1), cu_seqlens=cu, return_state=True)
-        nxt = torch.randn(3, HIDDEN, dtype=torch.float64)
-        y_t, _ = layer.step(nxt, state)
-        for n, x in enumerate(xs):
-            _, s = layer(x, return_state=True)
-            assert rel(layer.step(nxt[n : n + 1], s)[0], y_t[n : n + 1]) < 1e-6
+    assert rel(packed, torch.cat([y for y, _ in alone], 1)) < 1e-6
+    # with the final states asked for, the same outputs; the packed final states are the separate ones, and continue
+    # as they would
+    packed_too, state = layer(torch.cat(xs, 1), cu_seqlens=cu, return_state=True)
+    assert rel(packed_too, packed) < 1e-6
+    nxt = torch.randn(3, HIDDEN, dtype=torch.float64)
+    y_t, _ = layer.step(nxt, state)
+    for n, (_, s) in enumerate(alone):
+        assert rel(layer.step(nxt[n : n + 1], s)[0], y_t[n : n + 1]) < 1e-6
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -253,8 +253,8 @@ def test_layer_section_accepts_semicolons_and_runs():
 def test_torch_compile_fullgraph_over_a_model_of_layers():
     """A small model of lamixer layers traces whole (the Triton scans are custom ops, the plan plain data)."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(lamixer.Layer("gla", hidden_size=32, num_heads=2, backend="triton"),
-                                lamixer.Layer("gsa", hidden_size=32, num_heads=2, backend="triton"))  # fmt: skip
+    model = torch.nn.Sequential(lamixer.Layer("gla", hidden_size=32, num_heads=2, backend="triton", **SMALL["gla"]),
+                                lamixer.Layer("gsa", hidden_size=32, num_heads=2, backend="triton", **SMALL["gsa"]))  # fmt: skip
     x = torch.randn(2, 12, 32, requires_grad=True)
     y = model(x)
     y.sum().backward()
@@ -268,7 +268,7 @@ def test_torch_compile_fullgraph_over_a_model_of_layers():
 def test_torch_compile_fullgraph_over_a_decode_step():
     """step() traces whole too, so a GPU can replay a decode step as one CUDA graph (mode="reduce-overhead")."""
     torch.manual_seed(0)
-    layer = lamixer.Layer("gla", hidden_size=32, num_heads=2, backend="triton")
+    layer = lamixer.Layer("gla", hidden_size=32, num_heads=2, backend="triton", **SMALL["gla"])
     _, state = layer(torch.randn(2, 9, 32), return_state=True)
     x_t = torch.randn(2, 32)
     y, new = layer.step(x_t, state)
