@@ -40,7 +40,7 @@ def test_specs_run_one_case_only_where_another_renders_their_kernels():
 @pytest.mark.parametrize("name,T,gate", [(n, T, gate) for n in ADDITIVE for T, gate in CASES if n not in SAME_KERNELS or T == 37])
 def test_triton_matches_interpreter(name, T, gate):
     m = lamixer.load(name)
-    tensors, states = random_call(m, B=2, T=T, H=2, gate=gate, seed=T)
+    tensors, states = random_call(m, B=1 if T > 64 else 2, T=T, H=2, gate=gate, seed=T)  # batch rows: the one-chunk cases
     _assert_close(compare(m, "triton", tensors, states, seed=T), f"{name} T={T} {gate}")
 
 
