@@ -5,9 +5,10 @@ Such work is a few elementwise passes over tensors the caller holds anyway, whil
 exp's output, each max's input, the scan kernels' copies of the finished operands, attention's masked keys and values)
 is several times the inputs' size: a mixer's forward+backward memory, not its time, is what it costs. `recomputed`
 runs a function under torch's non-reentrant checkpoint, which keeps only what the function reads (the caller's
-tensors, statistics) and runs it again when the backward needs its values; under torch.compile the partitioner
-recomputes it likewise. `rebuilt` keeps a scan's own saved copies of such operands out of memory the same way, on
-eager calls (the traced ones leave that to the partitioner).
+tensors, statistics) and runs it again when the backward needs its values. Under torch.compile (runtime/fuse.py) it
+leaves the choice to the partitioner, which recomputes cheap elementwise work itself and orders the backward's
+recomputation with the rest (checkpointed there, the forward holds less but the backward peaks higher: bench/memory.py
+--fused). `rebuilt` keeps a scan's own saved copies of such operands out of memory the same way, on eager calls.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from torch.utils.checkpoint import checkpoint
 def recomputed(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:
     """fn(*args), recomputed in the backward rather than kept when a gradient reaches it. fn must read nothing but
     args, which the backward holds until it runs fn again (never a large intermediate of the caller's)."""
+    if torch.compiler.is_compiling():  # the partitioner decides what to keep (the module's docstring)
+        return fn(*args)
     if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
         return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
     return fn(*args)

@@ -179,7 +179,7 @@ def _block_attention(q, k, v, size: int, scale: float) -> torch.Tensor:
     out = F.scaled_dot_product_attention(blocks(q), k, v, is_causal=True, scale=scale)  # [B * nb, H, size, Dv]
     bad = bad_k | bad_v  # [B * nb, H, size, Dv]
     # each column's first non-finite row, as a row index (size where none): the rows from it on are NaN (a float32
-    # cumulative count of the bad rows would take four bytes per element, twice, where this takes one)
+    # cumulative count of the bad rows would hold two float32 tensors of the output's shape, this one byte tensor)
     first = torch.where(bad.any(-2, keepdim=True), bad.to(torch.uint8).argmax(-2, keepdim=True), bad.shape[-2])
     seen = torch.arange(bad.shape[-2], device=bad.device).unsqueeze(-1) >= first
     out = torch.where(seen, float("nan"), out)
@@ -348,7 +348,7 @@ def block_attention(q, k, v, scale, size: int, cu_seqlens=None, dtype: torch.dty
     """Causal softmax attention within blocks of `size` tokens of every sequence: [B, T, H, D] -> [B, T, H, Dv],
     computed in `dtype` when given, returned in q's. A number `scale` goes to the attention kernel itself; a tensor
     one (an expression of the call) multiplies q first. Recomputed in the backward (runtime/recompute.py): kept, its
-    masked keys and values, output and masks were seven bytes per element of q in bf16."""
+    masked keys and values, output and masks are several times q's size."""
     return recompute.recomputed(functools.partial(_attend_blocks, size, cu_seqlens, dtype), q, k, v, scale)
 
 
