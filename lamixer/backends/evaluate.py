@@ -66,23 +66,20 @@ class _Program:
         self.prologues = self._prologues()  # scan operand -> (its per-token work in order, what that work reads)
         self.in_prologue = {m for work, _ in self.prologues.values() for m in work}
         self.releases = self._releases()  # step index -> the values no later step reads, dropped after it
-        # inputs read only by statistics and block attention (and prologues, which convert them themselves): converted
-        # to the compute dtype where read, never held (block attention takes a half input as it is)
-        readers: dict[int, set[str]] = {}
-        for n, kind in self.steps:
-            for a in self.nodes[n]["args"] if kind != "scan" else ():
-                readers.setdefault(a, set()).add(kind if n not in self.in_prologue else "prologue")
+        # inputs a scan does not read itself: converted to the compute dtype where read, never held (one elementwise
+        # pass per reader against a float32 copy held from the first reader to the last; block attention and
+        # prologues take the caller's tensor as it is)
         scanned = {r for s in self.c.classification.scans for r in self._scan_reads(s)}
-        self.lazy = {n for n, kind in self.steps if kind == "leaf" and self.nodes[n]["op"] == "input" and n not in scanned
-                     and readers.get(n, set()) <= {"stat", "block_attention", "prologue"}}  # fmt: skip
+        self.lazy = {n for n, kind in self.steps if kind == "leaf" and self.nodes[n]["op"] == "input" and n not in scanned}
 
     def _scan_reads(self, s: Scan) -> list[int]:
         """The values a scan reads from a call's environment: its operands, a direct operand's factor instead, a
-        prologue's reads instead of its work."""
+        prologue's reads but inputs (it takes the caller's tensors) instead of its work."""
         out = []
         for a in s.inputs():
             d = self.direct.get(a)
-            out += (list(self.prologues[a][1]) if a in self.prologues else [] if d is not None else [a]) + (
+            work = [r for r in self.prologues[a][1] if self.nodes[r]["op"] != "input"] if a in self.prologues else None
+            out += (work if work is not None else [] if d is not None else [a]) + (
                 [d.factor] if d is not None and d.factor is not None else [])  # fmt: skip
         return out
 
@@ -212,10 +209,14 @@ class _Evaluator:
         self.windows: dict[int, tuple | None] = {}  # block attention node -> its window after the call (when asked)
         self.B, self.T = call.batch, call.length
 
+    def value(self, n: int) -> torch.Tensor:
+        """Node n's value: an input's converted where it is read (_Program.lazy), the others' from the environment."""
+        return self.env[n] if n in self.env else self.leaf(n)
+
     def full(self, n: int) -> torch.Tensor:
         """Node n's value expanded to [B, T, H, *dims]."""
         sizes = [self.call.sizes[d] for d in self.nodes[n]["dims"]]
-        return (self.env[n] if n in self.env else self.leaf(n)).expand(self.B, self.T, self.call.heads, *sizes)
+        return self.value(n).expand(self.B, self.T, self.call.heads, *sizes)
 
     def leaf(self, n: int) -> torch.Tensor:
         d, call = self.nodes[n], self.call
@@ -271,10 +272,10 @@ class _Evaluator:
             elif kind == "block_attention":
                 self.env[n] = self.block_attention(n)
             elif kind == "output":
-                self.env[n] = self.env[nodes[n]["args"][0]]
+                self.env[n] = self.value(nodes[n]["args"][0])
             else:
                 args = nodes[n]["args"]
-                self.env[n] = ops.apply(nodes[n], [self.env[a] for a in args], [nodes[a]["dims"] for a in args])
+                self.env[n] = ops.apply(nodes[n], [self.value(a) for a in args], [nodes[a]["dims"] for a in args])
         for scan in self.c.classification.scans:
             if scan.state not in self.finals:
                 self.scan(scan.state)
@@ -326,7 +327,7 @@ class _Evaluator:
                                              size, dtype)  # fmt: skip
         return o.to(call.compute_dtype)
 
-    def prologue(self, scans: list[Scan], dtype: torch.dtype | None = None) -> list[tuple[torch.Tensor, object, tuple]]:
+    def prologue(self, scans: list[Scan], dtype: torch.dtype | None = None) -> list[tuple]:
         """The operands of `scans` made by per-token work of their own (_Program._prologues), each evaluated so that the
         backward recomputes it, as (value, function, arguments) for recompute.rebuilt; a key, query or value in `dtype`
         when given (the kernels' operand dtype: the conversion is then recomputed with the rest, never kept), a log
