@@ -222,6 +222,7 @@ def test_zoology_query_loss_is_the_causal_lm_loss(zoology):
     args = zoology.parse_args(["--tiny", "--model", "hf", "--vocab", "64", "--specs", "deltanet"])
     torch.manual_seed(0)
     model, _, _ = zoology.build_model("deltanet", 16, args)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as Zoology's head
     x, y = zoology.zoology_batch(3, 32, 4, 64, torch.Generator().manual_seed(4))
     logits, target = zoology.query_logits(model, x, y)
     labels = torch.full_like(y, -100)
