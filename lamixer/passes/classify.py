@@ -79,9 +79,11 @@ class Scan:
     @property
     def plain(self) -> bool:
         """One write with a key, whose state read (if any) sees the decayed state and has a value term beside it: the
-        additive or the delta rule as the kernels run it (write_key ... log_decay are its operands)."""
-        (w, *more) = self.writes
-        return not more and w.key is not None and not w.erase_before_decay and (w.erase is None or w.value is not None)
+        additive or the delta rule as the kernels run it (write_key ... log_decay are its operands). Read while
+        torch.compile traces a call: no starred unpacking, whose rest torch 2.11's dynamo makes a tuple it cannot
+        negate, failing the whole trace."""
+        w = self.writes[0]
+        return len(self.writes) == 1 and w.key is not None and not w.erase_before_decay and (w.erase is None or w.value is not None)
 
     # the operands of a plain scan's one write
     @property
