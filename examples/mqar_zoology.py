@@ -26,7 +26,7 @@ original_mqar_configs.py, zoology/experiments/models_repo.py, zoology/model.py, 
   32 epochs, peak rates 1e-3, 3.2e-3, 1e-2, 3.2e-2; a spec's result at a width is its best rate.
 
     python examples/mqar_zoology.py                       # the full sweep (a GPU; see docs/mqar.md for its cost)
-    python examples/mqar_zoology.py --tiny                # a reduced mixture on a CPU (minutes)
+    python examples/mqar_zoology.py --tiny                # a reduced mixture on a CPU (15 to 25 minutes a spec, one thread)
     python examples/mqar_zoology.py --specs gla --d-models 128 --lrs 1e-2 --epochs 4 --out gla.json
 
 Ablations: `--no-tie` (an untied LM head), `--layout stack` (every block the spec's layer, no BaseConv),
