@@ -59,11 +59,14 @@ def function(fn, device: torch.device, *args, when: bool = True, **kwargs):
 
 
 def _compiled_copy(fn, suffix: str):
-    """torch.compile (static shapes) of a copy of fn's code: dynamo keeps compiled graphs, and counts recompilations
-    against its limit, per code object, so each copy's graph lives alone."""
+    """torch.compile (static shapes, one whole graph) of a copy of fn's code: dynamo keeps compiled graphs, and counts
+    recompilations against its limit, per code object, so each copy's graph lives alone. A graph break raises (and
+    _run_or_fall_back runs that work unfused, with a warning naming the break): past a break dynamo would compile the
+    functions called after it as frames of their own, shared by every spec and signature, and, once their
+    recompilations reach dynamo's limit, run them unfused without a word."""
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{suffix}")
     copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    return torch.compile(copy, backend=BACKEND, dynamic=False)
+    return torch.compile(copy, backend=BACKEND, dynamic=False, fullgraph=True)
 
 
 def _run_or_fall_back(name: str, fused, unfused):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from . import ops
+from . import ops, recompute
 
 
 def _pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
@@ -177,7 +177,11 @@ def _block_attention(q, k, v, size: int, scale: float) -> torch.Tensor:
     bad_k, bad_v = ~torch.isfinite(k).all(-1, keepdim=True), ~torch.isfinite(v)
     k, v = torch.where(bad_k, 0.0, k), torch.where(bad_v, 0.0, v)
     out = F.scaled_dot_product_attention(blocks(q), k, v, is_causal=True, scale=scale)  # [B * nb, H, size, Dv]
-    seen = (bad_k | bad_v).to(torch.float32).cumsum(-2) > 0
+    bad = bad_k | bad_v  # [B * nb, H, size, Dv]
+    # each column's first non-finite row, as a row index (size where none): the rows from it on are NaN (a float32
+    # cumulative count of the bad rows would hold two float32 tensors of the output's shape, this one byte tensor)
+    first = torch.where(bad.any(-2, keepdim=True), bad.to(torch.uint8).argmax(-2, keepdim=True), bad.shape[-2])
+    seen = torch.arange(bad.shape[-2], device=bad.device).unsqueeze(-1) >= first
     out = torch.where(seen, float("nan"), out)
     return out.transpose(1, 2).reshape(B, nb * size, H, -1)[:, :T]
 
@@ -343,7 +347,12 @@ def attention_dtype(call) -> torch.dtype | None:
 def block_attention(q, k, v, scale, size: int, cu_seqlens=None, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Causal softmax attention within blocks of `size` tokens of every sequence: [B, T, H, D] -> [B, T, H, Dv],
     computed in `dtype` when given, returned in q's. A number `scale` goes to the attention kernel itself; a tensor
-    one (an expression of the call) multiplies q first."""
+    one (an expression of the call) multiplies q first. Recomputed in the backward (runtime/recompute.py): kept, its
+    masked keys and values, output and masks are several times q's size."""
+    return recompute.recomputed(functools.partial(_attend_blocks, size, cu_seqlens, dtype), q, k, v, scale)
+
+
+def _attend_blocks(size: int, cu_seqlens, dtype: torch.dtype | None, q, k, v, scale) -> torch.Tensor:
     out = q.dtype
     if isinstance(scale, torch.Tensor):
         q, scale = q * scale.to(q.dtype).reshape(()), 1.0

@@ -57,8 +57,8 @@ def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, re
     width = {"key": K, "value": V}.get(decay, 1)
     g = _interleave([_full(lg, shape, width, h0) for _, _, _, lg, _ in writes]) if decay != "none" else None
     before = None
-    if any(bf for *_, bf in writes):
-        marks = torch.tensor([bool(bf) for *_, bf in writes], device=h0.device)
+    if any(w[4] for w in writes):  # (indexed, not star-unpacked: see Scan.plain)
+        marks = torch.tensor([bool(w[4]) for w in writes], device=h0.device)
         before = marks.reshape(1, 1, n, 1, 1).expand(B, T, n, H, 1).reshape(B, T * n, H, 1)
     queries = []
     for q, _, position in reads:
