@@ -252,7 +252,7 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
     counters.clear()
     monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
     monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
-    for name, T in [("deltanet", 70), ("deltanet", 90), ("lln", 70)]:
+    for name, T in [("deltanet", 70), ("deltanet", 90), ("lln", 70), ("rwkv7", 70)]:  # rwkv7: sub-steps, an erase before the decay
         m = lamixer.loads(lamixer.api.shipped_source(name) + "\n# fused\n", name)  # compiled afresh: no fused function yet
         tensors, states = random_call(m, T=T, H=2, dtype=torch.float32, seed=T)
         outs = {}
@@ -268,7 +268,7 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
         assert torch.equal(o, outs[False][0]) and torch.equal(S, outs[False][1])
         for k, g in grads.items():
             assert torch.equal(g, outs[False][2][k]), (name, k)
-    assert counters["stats"]["unique_graphs"] >= 3  # deltanet, deltanet at a new length, lln
+    assert counters["stats"]["unique_graphs"] >= 4  # deltanet, deltanet at a new length, lln, rwkv7
 
 
 def test_tracing_reads_the_configuration_an_eager_call_chose_for_its_shape(monkeypatch):
