@@ -296,7 +296,7 @@ def test_random_mixers_infer_as_the_interpreter_does(launches):
 
     ran = []
 
-    @settings(max_examples=100, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=200, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(typed_spec(), st.booleans())
     def check(text, packed):
         m = load_or_located_error(text)
