@@ -71,20 +71,26 @@ def _run_states(m, tensors: dict, h0: tuple, backend: str, do: torch.Tensor, dht
     return [leaves[n].grad for n in _decays(m)], [h.detach() for h in ht]
 
 
-@pytest.mark.parametrize("name", ["gsa", "examples/specs/value_gated.lam"])
-def test_value_dim_decay_under_strong_decay(name):
-    """The decay along the value dim (additive/value.jinja, the strip kernels with the roles turned): the same free
-    pairs left out of d(log decay) (its own write read by a token's query, the last write's reach to the chunk's end);
-    gsa's second state, decayed along its key dim, takes the strip form beside it."""
-    m = lamixer.load(name)
+def _strong_levels(m, reference: str):
+    """For log decays of -20 and -88: (level, d(log decay)s, their reference, final states, their reference), the Triton
+    kernels in float32 against `reference` in float64 (B = 1, T = 70: a chunk and a part, H = 1, D = 16)."""
     base, h0 = random_call(m, B=1, T=70, H=1, size=16, dtype=torch.float32, seed=3, distinct=False)
     gen = torch.Generator().manual_seed(2)
     do = torch.randn(1, 70, 1, 16, generator=gen, dtype=torch.float64)
     dht = tuple(torch.randn(h.shape, generator=gen, dtype=torch.float64) for h in h0)
     for level in (-20.0, -88.0):
         tensors = _strong(m, base, level)
-        dg_ref, ht_ref = _run_states(m, {k: v.double() for k, v in tensors.items()}, tuple(h.double() for h in h0), "torch", do, dht)
+        dg_ref, ht_ref = _run_states(m, {k: v.double() for k, v in tensors.items()}, tuple(h.double() for h in h0), reference, do, dht)
         dg, ht = _run_states(m, tensors, h0, "triton", do, dht)
+        yield level, dg, dg_ref, ht, ht_ref
+
+
+@pytest.mark.parametrize("name", ["gsa", "examples/specs/value_gated.lam"])
+def test_value_dim_decay_under_strong_decay(name):
+    """The decay along the value dim (additive/value.jinja, the strip kernels with the roles turned): the same free
+    pairs left out of d(log decay) (its own write read by a token's query, the last write's reach to the chunk's end);
+    gsa's second state, decayed along its key dim, takes the strip form beside it."""
+    for level, dg, dg_ref, ht, ht_ref in _strong_levels(lamixer.load(name), "torch"):
         for x, ref in zip(dg, dg_ref):
             assert rel_rms(x, ref) < (1e-4 if level == -20.0 else 5e-4), (name, level, rel_rms(x, ref))
         for x, ref in zip(ht, ht_ref):
@@ -107,15 +113,7 @@ def test_key_dim_decay_read_between_decay_and_write():
 
 def test_read_before_the_decay_under_strong_decay():
     """A per-key decay read before it (rwkv6), against the interpreter (the oracle)."""
-    m = lamixer.load("rwkv6")
-    base, h0 = random_call(m, B=1, T=70, H=1, size=16, dtype=torch.float32, seed=3, distinct=False)
-    gen = torch.Generator().manual_seed(2)
-    do = torch.randn(1, 70, 1, 16, generator=gen, dtype=torch.float64)
-    dht = tuple(torch.randn(h.shape, generator=gen, dtype=torch.float64) for h in h0)
-    for level in (-20.0, -88.0):
-        tensors = _strong(m, base, level)
-        dg_ref, ht_ref = _run_states(m, {k: v.double() for k, v in tensors.items()}, tuple(h.double() for h in h0), "interpret", do, dht)
-        dg, ht = _run_states(m, tensors, h0, "triton", do, dht)
+    for level, dg, dg_ref, ht, ht_ref in _strong_levels(lamixer.load("rwkv6"), "interpret"):
         # measured 1.5e-5 at -20, 1.1e-4 at -88
         assert rel_rms(dg[0], dg_ref[0]) < (1e-4 if level == -20.0 else 5e-4), (level, rel_rms(dg[0], dg_ref[0]))
         assert rel_rms(ht[0], ht_ref[0]) < 1e-6, (level, rel_rms(ht[0], ht_ref[0]))
