@@ -378,13 +378,13 @@ class _Evaluator:
     def scan(self, state: str) -> None:
         """Run the scan group of `state`: one scan, or several sharing keys, decay and queries with their values side
         by side, on the implementation the backend chose for the group (scan_impl: one for every group, or a
-        {group states: (implementation, whether it carries the group's normaliser[, its operand dtype])} mapping)."""
+        {group states: (implementation, whether it carries the group's normaliser, its operand dtype or None)} mapping)."""
         group, scans = self.prog.groups[state]
         s = scans[0]
-        impl, normaliser, *dtype = self.scan_impl[group.states] if isinstance(self.scan_impl, dict) else (self.scan_impl, False)
+        impl, normaliser, dtype = self.scan_impl[group.states] if isinstance(self.scan_impl, dict) else (self.scan_impl, False, None)
         if self.call.context_parallel is not None:  # a slice of the time axis: composed with the other ranks' slices
             impl = functools.partial(parallel.scan, impl, self.call.context_parallel)
-        made = self.prologue(scans, *dtype)
+        made = self.prologue(scans, dtype)
         if not s.plain:
             with recompute.rebuilt(made):
                 self.substeps(group, s, impl)

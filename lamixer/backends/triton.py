@@ -121,15 +121,15 @@ def _evaluate(call: Call, compiled: Compiled, scans, direct, prog) -> tuple[torc
 def _choices(compiled: Compiled, call: Call, interpreted: bool, configs: dict[str, Config] | None) -> tuple:
     """(scan implementation per group, direct operands, evaluation program, whether the chunk kernels run) for this
     call: the recurrent kernel for inference on short sequences, else each group's chunk kernels. Each group's entry
-    on the chunk kernels also names their operand dtype, which per-token work making an operand returns (evaluate.py:
-    prologue)."""
+    also names the operand dtype per-token work making an operand returns (evaluate.py: prologue): the chunk kernels',
+    None for the recurrent kernel."""
     dtype = kernel_dtype(call, interpreted)
     decoding = serves(compiled, call)
     direct = direct_operands(compiled, call, finished=decoding)
     scans = {}
     for g in compiled.plan.groups:
         if decoding:  # the recurrent kernel writes a group's vector states as value columns of ones
-            scans[g.states] = (functools.partial(recurrent.scan, dtype=dtype), False)  # it converts as it loads
+            scans[g.states] = (functools.partial(recurrent.scan, dtype=dtype), False, None)  # it converts as it loads
         else:
             config = chunk_config(g, call, dtype, configs)
             scans[g.states] = (chunk_scan(g, dtype, config), g.normaliser is not None, dtype)
