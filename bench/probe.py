@@ -55,7 +55,7 @@ def kernel_times(fn, do, backward: bool = True, leaves=()) -> dict[str, float]:
 def launcher(m, config):
     """m's call, its first scan group's chunk template launched with `config` (None: the tuned or default one)."""
     if config is None:
-        return lambda **kw: m(**kw, backend="triton")
+        return lambda **kw: m(**{"backend": "triton", **kw})  # check() names its backend itself
     return configured(m, {m.compiled.plan.groups[0].train.template: config})
 
 
