@@ -6,6 +6,11 @@ Each configuration (autotune.Config as BT,BV,BK,num_warps,num_stages,split[,BW,B
 the torch backend at a small shape (fp32), then timed at B*T = 32768, H = 16, D = 128, bf16 (forward
 and forward+backward), then profiled once (torch.profiler: GPU time per kernel name). With --fla the
 spec's FLA competitor is timed and profiled the same way. Writes $OUT (or bench/results)/probe.json.
+
+The default configuration runs the mixer's own call (its per-token work fused, as `lamixer bench` times it); a given
+one runs through the autotuner's call (lamixer.tuning.search.configured), whose per-token work is unfused: its
+copies and elementwise passes then appear in the profile and the totals exceed the bench's, while the chunk
+kernels' own times compare.
 """
 from __future__ import annotations
 
