@@ -60,6 +60,18 @@ def search_space(mixer, size: int) -> tuple[str, list[Config]]:
 CONTEXT_FAULTS = ("illegal memory access", "unspecified launch failure", "misaligned address", "illegal instruction")
 
 
+def entry_keys(mixer, template: str, B: int, T: int, H: int, size: int, dtype: torch.dtype, device) -> list[str]:
+    """The tuning cache's keys a configuration of `template`'s kernels is stored under for this shape: one per
+    kernel source of the mixer's groups on that template (the calls of that shape bucket read them)."""
+    bucket = shape_bucket(B, T, H, size, size)
+    keys: list[str] = []
+    for g in mixer.compiled.plan.groups:
+        if g.train is not None and g.train.template == template:
+            key = entry_key(device_name(torch.device(device)), choose.entry_hashes(g)[0], dtype, bucket)
+            keys += [key] if key not in keys else []
+    return keys
+
+
 def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: str, limit: int | None = None, on_trial=None,
          budget_s: float | None = None) -> tuple[list[Trial], list[str]]:  # fmt: skip
     """Try candidates on random inputs: check each against the torch backend, then time it; store the fastest.
@@ -84,12 +96,7 @@ def tune(mixer, B: int, T: int, H: int, size: int, dtype: torch.dtype, device: s
     do = torch.randn_like(reference["o"]).to(dtype)
     tol = 1e-3 if dtype == torch.float32 else 1e-2
     tuned, space = search_space(mixer, size)
-    bucket = shape_bucket(B, T, H, size, size)
-    keys = []  # the entries the winner is stored under: one per kernel source of the searched template
-    for g in mixer.compiled.plan.groups:
-        if g.train.template == tuned:
-            key = entry_key(device_name(torch.device(device)), choose.entry_hashes(g)[0], dtype, bucket)
-            keys += [key] if key not in keys else []
+    keys = entry_keys(mixer, tuned, B, T, H, size, dtype, device)  # the entries the winner is stored under
     trials: list[Trial] = []
     best: Trial | None = None
     untried = list(space)
