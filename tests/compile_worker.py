@@ -25,17 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-# (input dtype, head dims, the specs compiled there: None for all). The benchmark's head dims and the widest the
-# kernels take (256: the largest tiles, where the defaults change), bf16 and float32 inputs. float32 at 256 takes the
-# configurations bf16 does there but for the state passes' stages (kernels/launch.py state_stages), and compiling
-# every spec at it was a quarter of this compilation: there, one spec of each state-pass kind (the delta rule's, and
-# chunk_additive's with whole and with split key rows)
-TARGETS = (("bfloat16", 128, None), ("float32", 128, None), ("bfloat16", 256, None), ("float32", 256, ("deltanet", "linear_attn", "gla")))
-
-
-def jobs(specs: list[str]) -> list[list[tuple[str, int, str]]]:
-    """The (dtype, head dims, spec path) compilations of TARGETS, a run per target."""
-    return [[(dtype, D, s) for s in specs if names is None or Path(s).stem in names] for dtype, D, names in TARGETS]
+DTYPES = ("bfloat16", "float32")
+# the benchmark's head dims and the widest the kernels take (256: the largest tiles, where the defaults change)
+HEAD_DIMS = (128, 256)
 MAX_WORKERS = 4  # each holds torch, Triton and LLVM (about 1 GB)
 
 
@@ -49,7 +41,7 @@ def kernel_specs(examples: list[str]) -> list[str]:
 
 
 class Compilation:
-    """The specs compiled at TARGETS (jobs) by worker processes, in the background until `result()`.
+    """Every spec compiled at each of DTYPES x HEAD_DIMS by worker processes, in the background until `result()`.
 
     nice: the workers' niceness; a compilation begun beside other tests leaves them the CPU they use."""
 
@@ -58,7 +50,7 @@ class Compilation:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env["TRITON_CACHE_DIR"] = str(folder / "triton")  # compiled here, not found in an earlier run's cache
         env["LAMIXER_CACHE"] = str(folder / "lamixer")  # the default configurations, no tuned ones
-        runs = jobs(specs)
+        runs = [[(dtype, D, spec) for spec in specs] for dtype in DTYPES for D in HEAD_DIMS]
         count = min(MAX_WORKERS, len(os.sched_getaffinity(0)), len(runs))
         self._queues = [[job for run in runs[i * len(runs) // count : (i + 1) * len(runs) // count] for job in run] for i in range(count)]
         self._lock = threading.Lock()
