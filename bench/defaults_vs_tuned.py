@@ -81,13 +81,17 @@ def parse() -> argparse.Namespace:
 def timings(source: str, config, template: str, B: int, T: int, H: int, size: int, dtype, device: str) -> tuple[float, float]:
     """(forward ms, forward+backward ms) of the spec's own call, as `lamixer bench` times it (its per-token work fused
     on a GPU), with `config` for `template`'s kernels: the configuration stored as this shape's entry in the run's
-    private cache, read by a fresh mixer (its calls' memo, the configurations chosen and the compiled graphs of an
-    earlier configuration dropped)."""
+    private cache, read by the mixer's next call (choose.forget: the configurations its calls chose before are
+    dropped, and their compiled graphs)."""
     mixer = lamixer.load(source)
     for key in search.entry_keys(mixer, template, B, T, H, size, dtype, device):
         config_cache.store(key, config, {})
     choose.forget()
     torch._dynamo.reset()
+    for group in mixer.compiled.plan.groups:
+        if group.train is not None and group.train.template == template:
+            chosen = choose.choose(group, dtype, B, T, H, size, size, torch.device(device))
+            assert chosen == config, f"{source}: the call would launch {search.describe(chosen)}, not {search.describe(config)}"
     tensors, _ = random_call(mixer, B=B, T=T, H=H, size=size, dtype=dtype, initial_state=False, device=device, distinct=False)
     tensors = {k: v.requires_grad_() for k, v in tensors.items()}
 

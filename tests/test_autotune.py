@@ -271,24 +271,29 @@ def test_kernels_carrying_a_normaliser_are_searched_with_wide_output_blocks():
     assert min(c.BV for c in search.search_space(lamixer.load("linear_attn"), 128)[1]) < additive.ONES_BLOCK
 
 
-def test_a_configuration_stored_under_its_entry_keys_is_what_the_spec_s_own_call_launches(monkeypatch):
+def test_a_configuration_stored_under_its_entry_keys_is_what_the_spec_s_next_call_launches(monkeypatch):
     """How bench/defaults_vs_tuned.py times a configuration as a user's call runs it: stored under the shape's entry
-    keys, then read by a fresh mixer once the chosen configurations are forgotten."""
+    keys once the mixer has run with its default, then, the chosen configurations forgotten, read by the next call
+    of the same signature (which remembers its choices per signature: they must not outlive the forgetting)."""
     from lamixer.tools.check import random_call
 
     m = lamixer.load("simple_gla")
     group = m.compiled.plan.groups[0]
-    wanted = replace(choose.default(group, 16, 16), BT=32)
+    default = choose.default(group, 16, 16)
+    launched = []
+    real = choose.choose
+    monkeypatch.setattr(choose, "choose", lambda *args: launched.append(real(*args)) or launched[-1])
+    tensors, _ = random_call(m, B=1, T=40, H=2, size=16, dtype=torch.float32, initial_state=False, distinct=False)
+    tensors = {k: v.requires_grad_() for k, v in tensors.items()}
+    m(**tensors, backend="triton")  # training: the chunk kernels
+    assert launched == [default]
+    wanted = replace(default, BT=32)
     keys = search.entry_keys(m, group.train.template, 1, 40, 2, 16, torch.float32, "cpu")
     assert len(keys) == 1
     for key in keys:
         at.store(key, wanted, {})
     choose.forget()
-    launched = []
-    real = choose.choose
-    monkeypatch.setattr(choose, "choose", lambda *args: launched.append(real(*args)) or launched[-1])
-    fresh = lamixer.load("simple_gla")
-    tensors, _ = random_call(fresh, B=1, T=40, H=2, size=16, dtype=torch.float32, initial_state=False, distinct=False)
-    fresh(**{k: v.requires_grad_() for k, v in tensors.items()}, backend="triton")  # training: the chunk kernels
-    assert launched and set(launched) == {wanted}
+    launched.clear()
+    lamixer.load("simple_gla")(**tensors, backend="triton")  # the same compiled spec, so the same per-signature memo
+    assert launched == [wanted]
     assert search.entry_keys(m, delta.FAMILY, 1, 40, 2, 16, torch.float32, "cpu") == []  # no group on that template

@@ -98,9 +98,10 @@ def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     if call.memo is None:
         return evaluate.run(compiled, call, *_choices(compiled, call, interpreted, configs)[:3])
-    # the choices depend on nothing but the signature, the grad mode, whether the recurrent kernel takes the length
-    # and the configurations asked for
-    key = ("triton", torch.is_grad_enabled(), call.longest <= recurrent.MAX_T, interpreted, tuple(sorted((configs or {}).items())))
+    # the choices depend on nothing but the signature, the grad mode, whether the recurrent kernel takes the length,
+    # the configurations asked for and the tuning cache's state (choose.generation: a configuration stored since)
+    key = ("triton", torch.is_grad_enabled(), call.longest <= recurrent.MAX_T, interpreted, tuple(sorted((configs or {}).items())),
+           choose.generation())
     choices = call.memo.get(key)
     if choices is None:
         choices = remember(call.memo, key, _choices(compiled, call, interpreted, configs))
@@ -108,7 +109,7 @@ def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None
     # fused: chunked scans with per-token work around them (with none, torch.compile's dispatch only adds host time);
     # the autotuner times kernels unfused, and a context-parallel call's collectives stay outside a compiled graph
     fused = chunked and not configs and prog.per_token_work and call.context_parallel is None
-    return fuse.run(_evaluate, compiled.name, call, compiled, scans, direct, prog, when=fused)
+    return fuse.run(_evaluate, compiled.name, call, compiled, scans, direct, prog, when=fused, version=choose.generation())
 
 
 def _evaluate(call: Call, compiled: Compiled, scans, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -17,6 +17,9 @@ DEFAULTS = {additive.FAMILY: default_config, delta.FAMILY: delta_default_config}
 _chosen: dict[tuple, Config] = {}
 # the last configuration eager calls chose per kernel and head dims: what torch.compile traces (see choose)
 _traced: dict[tuple, Config] = {}
+# how many times the choices were forgotten: a mixer's calls keep their choices per signature (Call.memo) under this
+# number, so that a configuration stored after a call is what the next call of that signature launches
+_generation = 0
 
 
 def default(group: ScanGroup, K: int, V: int) -> Config:
@@ -71,6 +74,13 @@ def choose(group: ScanGroup, dtype: torch.dtype, B, T, H, K, V, device: torch.de
 
 
 def forget() -> None:
-    """Drop the configurations chosen so far (after the cache changed)."""
+    """Drop the configurations chosen so far (after the cache changed), those calls of every mixer remembered too."""
+    global _generation
     _chosen.clear()
     _traced.clear()
+    _generation += 1
+
+
+def generation() -> int:
+    """The number of forget() calls so far: part of every key under which a call's configuration is remembered."""
+    return _generation
