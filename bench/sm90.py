@@ -19,6 +19,8 @@ import re
 os.environ.pop("TRITON_INTERPRET", None)  # before triton: kernels are compiled, not interpreted
 
 import torch  # noqa: E402
+from triton import knobs  # noqa: E402
+from triton._C.libtriton import llvm  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -42,23 +44,37 @@ class H200:
         return torch.device("cpu")
 
 
+def _lowered(backend, stages, options, language, capability):
+    """Triton's add_stages_inspection_hook for a compilation without machine code: LLVM IR left unoptimised, no PTX
+    and no ptxas (placeholders in their place, the kernel's name read from its LLVM IR). Every Triton pass runs and
+    shared memory is allocated as in a full compilation, whose limits are what it checks, for a third of the time."""
+    stages["ptx"] = lambda src, metadata: metadata.update(name=re.search(r"define [^@\n]*@([\w.$]+)", str(src)).group(1)) or ""
+    stages["cubin"] = lambda src, metadata: b""
+
+
 @contextlib.contextmanager
-def compile_only(on_kernel):
+def compile_only(on_kernel, machine_code: bool = True):
     """Within: every Triton launch compiles its kernel for sm_90 and calls on_kernel(jit function, compiled kernel)
-    instead of running it."""
+    instead of running it. machine_code=False stops before LLVM's optimisation (_lowered): kernels compiled so belong
+    in a Triton cache of their own (Triton's cache key does not tell them apart)."""
     previous = driver._active  # None where there is no GPU (asking `active` would raise)
     launch = JITFunction.run
+    optimize, hook = llvm.optimize_module, knobs.runtime.add_stages_inspection_hook
 
     def run(self, *args, grid, warmup, **kwargs):
         on_kernel(self, launch(self, *args, grid=grid, warmup=True, **kwargs))
 
     driver.set_active(H200())
     JITFunction.run = run
+    if not machine_code:
+        llvm.optimize_module = lambda *args, **kwargs: None
+        knobs.runtime.add_stages_inspection_hook = _lowered
     try:
         yield
     finally:
         JITFunction.run = launch
         driver._active = previous
+        llvm.optimize_module, knobs.runtime.add_stages_inspection_hook = optimize, hook
 
 
 def resources(kernel) -> dict[str, int]:
@@ -81,9 +97,9 @@ def loop_loads(kernel) -> int:
     return sum(line.split("=", 1)[0].strip() not in carried for line in nested)
 
 
-def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: bool = False) -> list[dict]:
+def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: bool = False, machine_code: bool = True) -> list[dict]:
     """One row per kernel each spec and dtype compiles (spec, dtype, kernel, shared, warps, stages[, registers,
-    spills]), or one row with the error that stopped a spec."""
+    spills]), or one row with the error that stopped a spec. machine_code=False: see compile_only."""
     import lamixer
     from lamixer.tools.check import forward_backward, random_call
 
@@ -97,7 +113,7 @@ def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: boo
             row.update(resources(kernel))
         rows.append(row)
 
-    with compile_only(record):
+    with compile_only(record, machine_code):
         for spec in specs:
             for dtype in dtypes:
                 where.update(spec=os.path.basename(spec), dtype=str(dtype).removeprefix("torch."))

@@ -2,18 +2,23 @@
 (bench/sm90.py: Triton's compiler and ptxas behind a driver that names the target): the worker processes and the pool
 tests/test_gpu_compile.py runs them in.
 
-    python compile_worker.py [NICENESS]
+    python compile_worker.py NICENESS MACHINE_CODE
 
 reads jobs from stdin, one a line, as JSON: [DTYPE, D, SPEC] (bfloat16 or float32 inputs, head dims, a spec's path),
 and answers each with one line of JSON on stdout: its rows (spec, dtype, kernel, shared memory in bytes, warps, stages,
 loads left synchronous in its loops; or the error that stopped the spec) and the limit a block's shared memory has.
 Whatever else the compilation prints goes to stderr.
 
+Only the benchmark's inputs (bf16, head dims 128: MACHINE_CODE 1) are compiled to machine code, through ptxas; the
+other dtypes and head dims stop before LLVM's optimisation (bench/sm90.py: compile_only), which leaves every Triton
+pass and the shared-memory allocation whose limits they are compiled for, at a third of the time (the whole
+compilation took 33 CPU-minutes on a 2-core machine, most of the test suite's time).
+
 The pool (`Compilation`) starts its workers in processes of their own, where no kernel module was imported for the
-interpreter, with one Triton cache: a kernel two specs launch alike (the same rendered source, constants and argument
-types) is compiled once, by the first worker to reach it, and read from the cache by the others. The jobs are dealt
-in runs of one dtype and head dim, a run to each worker, so that workers seldom compile the same kernel at once; one
-that finishes its runs takes the last jobs of the longest run left.
+interpreter, each compiling one way, with one Triton cache per way: a kernel two specs launch alike (the same rendered
+source, constants and argument types) is compiled once, by the first worker to reach it, and read from the cache by
+the others. The jobs are dealt in runs of one dtype and head dim, a run to each worker, so that workers seldom compile
+the same kernel at once; one that finishes its runs takes the last jobs of the longest run left of its own way.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from pathlib import Path
 DTYPES = ("bfloat16", "float32")
 # the benchmark's head dims and the widest the kernels take (256: the largest tiles, where the defaults change)
 HEAD_DIMS = (128, 256)
+MACHINE_CODE = ("bfloat16", 128)  # the one (dtype, head dims) compiled through ptxas
 MAX_WORKERS = 4  # each holds torch, Triton and LLVM (about 1 GB)
 
 
@@ -48,27 +54,34 @@ class Compilation:
     def __init__(self, specs: list[str], folder: Path, nice: int = 0):
         self.specs, self.folder = specs, folder
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["TRITON_CACHE_DIR"] = str(folder / "triton")  # compiled here, not found in an earlier run's cache
         env["LAMIXER_CACHE"] = str(folder / "lamixer")  # the default configurations, no tuned ones
-        runs = [[(dtype, D, spec) for spec in specs] for dtype in DTYPES for D in HEAD_DIMS]
-        count = min(MAX_WORKERS, len(os.sched_getaffinity(0)), len(runs))
-        self._queues = [[job for run in runs[i * len(runs) // count : (i + 1) * len(runs) // count] for job in run] for i in range(count)]
+        full = [[(dtype, D, spec) for spec in specs] for dtype in DTYPES for D in HEAD_DIMS if (dtype, D) == MACHINE_CODE]
+        lowered = [[(dtype, D, spec) for spec in specs] for dtype in DTYPES for D in HEAD_DIMS if (dtype, D) != MACHINE_CODE]
+        # half the workers each way (at least one): the one run through ptxas takes about as long as the three others
+        count = max(2, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
+        self._queues, self._ways = [], []
+        for machine_code, runs, n in ((True, full, count // 2), (False, lowered, count - count // 2)):
+            self._queues += [[job for run in runs[i * len(runs) // n : (i + 1) * len(runs) // n] for job in run] for i in range(n)]
+            self._ways += [machine_code] * n
         self._lock = threading.Lock()
         self.answers: list[dict] = []
         self._workers = []
-        for i in range(count):
+        for i, machine_code in enumerate(self._ways):
             log = open(folder / f"worker{i}.log", "w")
-            proc = subprocess.Popen([sys.executable, __file__, str(nice)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+            # compiled here, not found in an earlier run's cache, nor in the other way's (Triton's key does not tell them apart)
+            env["TRITON_CACHE_DIR"] = str(folder / ("triton" if machine_code else "triton-lowered"))
+            proc = subprocess.Popen([sys.executable, __file__, str(nice), str(int(machine_code))], env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
             thread = threading.Thread(target=self._serve, args=(i, proc), daemon=True)
             self._workers.append((proc, log, thread))
             thread.start()
 
     def _next(self, i: int) -> tuple | None:
-        """Worker i's next job: the front of its own queue, else the back of the longest queue left."""
+        """Worker i's next job: the front of its own queue, else the back of the longest queue left of its way."""
         with self._lock:
             if self._queues[i]:
                 return self._queues[i].pop(0)
-            longest = max(self._queues, key=len)
+            longest = max((q for q, way in zip(self._queues, self._ways) if way == self._ways[i]), key=len)
             return longest.pop() if longest else None
 
     def _serve(self, i: int, proc: subprocess.Popen) -> None:
@@ -111,7 +124,8 @@ class Compilation:
 
 
 def _work() -> None:
-    os.nice(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    os.nice(int(sys.argv[1]))
+    machine_code = sys.argv[2] == "1"
     answers = os.fdopen(os.dup(1), "w")  # stdout: the answers alone
     os.dup2(2, 1)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
@@ -120,7 +134,7 @@ def _work() -> None:
 
     for line in sys.stdin:
         dtype, D, spec = json.loads(line)
-        rows = sm90.compile_specs([spec], (getattr(torch, dtype),), D=D)
+        rows = sm90.compile_specs([spec], (getattr(torch, dtype),), D=D, machine_code=machine_code)
         answers.write(json.dumps(dict(rows=rows, shared_limit=sm90.SHARED_LIMIT)) + "\n")
         answers.flush()
 

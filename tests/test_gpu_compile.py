@@ -1,6 +1,7 @@
 """Every generated Triton kernel compiles for the H200 (sm_90) with the default configurations, for bf16 and
 float32 inputs, at head dims of 128 and 256, on this machine without a GPU (tests/compile_worker.py, bench/sm90.py:
-Triton's compiler and ptxas, launches turned into compile-only warmups).
+Triton's compiler, launches turned into compile-only warmups): to machine code through ptxas for bf16 at 128, the
+benchmark's inputs; through every Triton pass and the shared-memory allocation for the others.
 
 The interpreter the other tests run kernels under does not compile them: a kernel it runs correctly can still be
 refused by the compiler (a block pointer given a 64-bit offset: the loop over chunks took its bound's int64 type)
