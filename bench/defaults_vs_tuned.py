@@ -3,6 +3,7 @@
     python bench/defaults_vs_tuned.py --specs examples/specs/*.lam gla [--lengths 2048,8192] [--budget 330]
                                       [--out bench/results/defaults_vs_tuned.json]
     python bench/defaults_vs_tuned.py --specs examples/specs/*.lam gla --interpret    # the machinery, on the CPU
+    python bench/defaults_vs_tuned.py --specs gla --configs 64,64,32,4,3,128,32,8 ...   # given candidates, no search
 
 For each spec (a shipped name or a .lam file) and length T, at the benchmark's shape (B*T = 32768, H = 16, D = 128,
 bf16): autotune's search (lamixer.tuning.search.tune, the coordinate descent of `lamixer autotune`: each candidate
@@ -22,7 +23,9 @@ starting candidates when its share is spent (its first candidate, the default or
 a pair's overrun comes out of the later pairs' shares), so a short budget finds less than a long one: each row says
 how many candidates its search tried. The default, 300 s, leaves a minute of a 6-minute slot for start-up and the last
 pairs' overrun (the first candidate of each spec compiles its kernels: a warm Triton cache leaves more of the budget
-to the search). The table is printed and saved (JSON, after every row) to --out.
+to the search). The table is printed and saved (JSON, after every row) to --out. --configs replaces the search by the candidates
+given (Config.as_list's order, each timed only for specs whose template takes it; "tuned" is then the fastest of
+them), for comparing candidate defaults across specs.
 
 --interpret runs under Triton's CPU interpreter at a tiny size (B*T = 64, H = 2, D = 16, float32, T = 16 and 32
 unless given): it checks that the script runs; its times mean nothing.
@@ -42,6 +45,7 @@ if "--interpret" in sys.argv:  # Triton reads it at import
 import torch  # noqa: E402
 
 import lamixer  # noqa: E402
+from lamixer.kernels.config import Config  # noqa: E402
 from lamixer.tools import bench  # noqa: E402
 from lamixer.tools.check import random_call  # noqa: E402
 from lamixer.tuning import choose, config_cache, search  # noqa: E402
@@ -61,6 +65,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--dtype", choices=sorted(DTYPES), help="the inputs' dtype (default bf16; fp32 with --interpret)")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds for the whole run's searches and timings (default 300)")
     ap.add_argument("--limit", type=int, default=None, help="at most this many candidates per search")
+    ap.add_argument("--configs", nargs="+", help="candidates to time instead of searching (BT,BV,BK,warps,stages,BW,BG,warps_grad)")
     ap.add_argument("--interpret", action="store_true", help="run under Triton's CPU interpreter at a tiny size")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")), "defaults_vs_tuned.json"),
                     help="the JSON file to write (default $OUT or bench/results, defaults_vs_tuned.json)")  # fmt: skip
@@ -121,13 +126,18 @@ def row(name: str, T: int, args, budget_s: float) -> dict:
     template, _ = search.search_space(m, size)
     default = choose.default(m.compiled.plan.groups[0], size, size)
     started = time.perf_counter()
-    trials, _ = search.tune(m, B, T, H, size, dtype, device, args.limit, budget_s=budget_s)
-    timed = [t for t in trials if t.ms is not None]
-    out.update(template=template, decay=m.compiled.plan.groups[0].decay.kind, search_s=round(time.perf_counter() - started, 1),
-               trials=len(trials), timed=len(timed))  # fmt: skip
-    if not timed:
-        return dict(out, error="no candidate was both correct and runnable: " + "; ".join(t.note for t in trials)[:300])
-    best = min(timed, key=lambda t: t.ms).config
+    if args.configs:
+        best = given(m, template, default, args.configs, B, T, H, size, dtype, device, out)
+        if best is None:
+            return dict(out, error="no --configs candidate runs this spec's template")
+    else:
+        trials, _ = search.tune(m, B, T, H, size, dtype, device, args.limit, budget_s=budget_s)
+        timed = [t for t in trials if t.ms is not None]
+        out.update(template=template, decay=m.compiled.plan.groups[0].decay.kind, search_s=round(time.perf_counter() - started, 1),
+                   trials=len(trials), timed=len(timed))  # fmt: skip
+        if not timed:
+            return dict(out, error="no candidate was both correct and runnable: " + "; ".join(t.note for t in trials)[:300])
+        best = min(timed, key=lambda t: t.ms).config
     out.update(default=search.describe(default), tuned=search.describe(best), tuned_is_default=best == default)
     for label, config in (("default", default), ("tuned", best)):
         if label == "tuned" and best == default:  # one configuration: its ratio is 1 by definition, not a second sample's noise
@@ -138,6 +148,22 @@ def row(name: str, T: int, args, budget_s: float) -> dict:
     for k in ("fwd", "fwdbwd"):
         out[f"{k}_default_over_tuned"] = round(out[f"default_{k}_ms"] / out[f"tuned_{k}_ms"], 3)
     return out
+
+
+def given(m, template: str, default: Config, configs: list[str], B, T, H, size, dtype, device, out: dict) -> Config | None:
+    """The fastest (forward+backward) of the --configs candidates in the spec's search space, each timed through the
+    spec's call like the default; their times go to out."""
+    _, space = search.search_space(m, size)
+    candidates = [c for c in (Config.from_list(c.split(",")) for c in configs) if c != default and c in space]
+    out.update(template=template, decay=m.compiled.plan.groups[0].decay.kind, trials=len(candidates), timed=len(candidates))
+    best, best_ms, times = None, None, {}
+    for c in candidates:
+        fwd_ms, fb_ms = timings(out["source"], c, template, B, T, H, size, dtype, device)
+        times[search.describe(c)] = [round(fwd_ms, 4), round(fb_ms, 4)]
+        if best_ms is None or fb_ms < best_ms:
+            best, best_ms = c, fb_ms
+    out["candidates_ms"] = times
+    return best
 
 
 def summary(rows: list[dict]) -> dict:
