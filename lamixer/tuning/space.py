@@ -42,7 +42,7 @@ def delta_candidates(decay: str, K: int, V: int) -> list[Config]:
     block, warps and pipeline stages."""
     out = [delta_default_config(decay, K, V)]
     widths = sorted({min(b, pow2(V)) for b in (32, 64)})  # the sequential passes hold the state: at most 64 wide
-    for BT in ((16, 32) if decay == "key" else (32, 64)):
+    for BT in ((16, 32, 64) if decay == "key" else (32, 64)):
         for BV in sorted({max(CHUNK_BLOCK, min(b, pow2(V))) for b in (64, 128)}):
             for BW in widths:
                 for BG in widths:
