@@ -306,7 +306,7 @@ def test_decay_gradient_assembly_fused(spec, monkeypatch):
     tensors, states = random_call(m, T=150, H=2, dtype=torch.float32, seed=5)
     monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
     monkeypatch.setattr(fuse, "_functions", {})
-    monkeypatch.setattr(fuse, "run", lambda fn, name, call, *args, when=True: fn(call, *args))  # the plan unfused
+    monkeypatch.setattr(fuse, "run", lambda fn, name, call, *args, when=True, version=None: fn(call, *args))  # the plan unfused
     grads = {}
     for devices in (("cpu",), ()):
         monkeypatch.setattr(fuse, "DEVICES", devices)

@@ -37,12 +37,13 @@ def default_config(decay: str, K: int, V: int) -> Config:
     32-wide value blocks on 8 warps and the output kernel wider ones on 4: each kernel at its own best. Above K = 128
     the chunk-parallel kernels' tiles outgrow a Hopper block's shared memory at 64-token chunks and two stages:
     32-token chunks, one stage, 32-wide value blocks in the gradient kernel. A decay along the key dim: the walks
-    split the key dim, so each key's decay is computed once rather than once per value block, on one stage."""
+    split the key dim, so each key's decay is computed once rather than once per value block; the chunk-parallel
+    kernels on 64-wide blocks of both dims, 4 warps and two stages, the gradient kernel on 8."""
     if K > 128:
         walk = (min(32, pow2(K)), min(128, pow2(V))) if decay == "key" else (pow2(K), min(32, pow2(V)))
         return Config(32, min(64, pow2(V)), walk[0], 8, 1, walk[1], min(32, pow2(V)), 8)
     if decay == "key":
-        return Config(64, min(64, pow2(V)), min(32, pow2(K)), 8, 1, min(128, pow2(V)))
+        return Config(64, min(64, pow2(V)), min(64, pow2(K)), 4, 2, min(128, pow2(V)), 0, 8)
     # the output kernel of a scalar decay (or none) reads q and a once per value block: whole 128-wide rows read them
     # once; a decay along the value dim holds float32 states there, which spill at 128 wide: 64
     BV = min(64 if decay == "value" else 128, pow2(V))
@@ -55,7 +56,9 @@ def delta_default_config(decay: str, K: int, V: int) -> Config:
     chunk_additive's: BV of the per-chunk kernels (prepare, output, dv), whole value rows, so that the output kernel
     builds its scores once, not once per block (at least CHUNK_BLOCK); BW of the two sequential passes, which hold the state (wider keys take narrower blocks); BG of the
     gradient kernel, which holds the most. BK is the key block of the per-chunk kernels; the sequential passes hold
-    the whole state (in blocks of state_key_block rows). A per-key decay takes the same: its chunk's pair terms are
-    built in 16-row strips of dots (decay/key.jinja)."""
+    the whole state (in blocks of state_key_block rows). A per-key decay takes 32-token chunks on two stages: its
+    chunk's pair terms, built in 16-row strips of dots (decay/key.jinja), cost BT per token and key."""
     BW = min(64 if K <= 128 else 32, pow2(V))
+    if decay == "key":
+        return Config(32, min(128, pow2(V)), min(64, pow2(K)), 4, 2, BW=BW, BG=BW, warps_grad=8)
     return Config(64, min(128, pow2(V)), min(64, pow2(K)), 4, 1, BW=BW, BG=BW, warps_grad=8)

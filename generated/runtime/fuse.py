@@ -27,14 +27,15 @@ _failed: set[str] = set()  # names whose compilation failed: they run unfused fr
 _functions: dict = {}  # (function, argument signature) -> its compiled copy (see function)
 
 
-def run(fn, name: str, call: Call, *args, when: bool = True):
+def run(fn, name: str, call: Call, *args, when: bool = True, version=None):
     """fn(call, *args), under torch.compile when `when` (the caller's scans are the chunk kernels) and the call is
     on a fusing device, unpacked and not itself being traced. `name` names fn's work (a spec) in its compiled
-    code and in the warning should compilation fail, after which that name runs unfused."""
+    code and in the warning should compilation fail, after which that name runs unfused. A new `version` (of the
+    choices args carry) compiles a new copy, traced afresh from its first call's choices."""
     if not (when and ENABLED and call.memo is not None and call.cu_seqlens is None and call.device.type in DEVICES
             and name not in _failed):  # fmt: skip
         return fn(call, *args)
-    key = ("fused", name, torch.is_grad_enabled())
+    key = ("fused", name, torch.is_grad_enabled(), version)
     fused = call.memo.get(key)
     if fused is None:
         remember(call.memo, key, _compiled_copy(fn, name))
