@@ -28,8 +28,10 @@ demo: $(VENV)/.installed
 	$(BIN)/lamixer explain gsa
 	TRITON_INTERPRET=1 $(BIN)/lamixer check --all --quick
 
+# one test process per core (pytest-xdist); idle ones take queued tests from busy ones (worksteal): the sm_90
+# compilation test holds one process for most of the run
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist worksteal
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check lamixer tests bench examples generated

@@ -20,8 +20,9 @@ os.environ.pop("TRITON_INTERPRET", None)  # before triton: kernels are compiled,
 
 import torch  # noqa: E402
 from triton import knobs  # noqa: E402
-from triton._C.libtriton import llvm  # noqa: E402
+from triton._C.libtriton import ir, nvidia, passes  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.backends.nvidia.compiler import get_ptx_version_from_options  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
@@ -45,21 +46,38 @@ class H200:
 
 
 def _lowered(backend, stages, options, language, capability):
-    """Triton's add_stages_inspection_hook for a compilation without machine code: LLVM IR left unoptimised, no PTX
-    and no ptxas (placeholders in their place, the kernel's name read from its LLVM IR). Every Triton pass runs and
-    shared memory is allocated as in a full compilation, whose limits are what it checks, for a third of the time."""
-    stages["ptx"] = lambda src, metadata: metadata.update(name=re.search(r"define [^@\n]*@([\w.$]+)", str(src)).group(1)) or ""
+    """Triton's add_stages_inspection_hook for a compilation without machine code: after Triton's own passes to its
+    GPU dialect, only the first passes of its lowering to LLVM, through the shared-memory allocation (Triton 3.6's
+    make_llir up to add_allocate_shared_memory_nv), whose size is what this compilation checks; placeholders for
+    LLVM IR, PTX and the binary. A tenth of a full compilation's time; the compile test checks that it allocates
+    what a full compilation does."""
+
+    def allocate(src, metadata):
+        pm = ir.pass_manager(src.context)
+        passes.ttgpuir.add_combine_tensor_select_and_if(pm)
+        passes.ttgpuir.add_allocate_warp_groups(pm)
+        passes.convert.add_scf_to_cf(pm)
+        passes.gluon.add_inliner(pm)
+        nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(pm, capability, get_ptx_version_from_options(options, backend.target.arch))
+        pm.run(src, "allocate_shared_memory")
+        metadata.update(shared=src.get_int_attr("ttg.shared"), name=re.search(r"tt\.func public @([\w.$]+)", str(src)).group(1))
+        for key in ("tmem_size", "global_scratch_size", "global_scratch_align", "profile_scratch_size"):
+            metadata.setdefault(key, 0)
+        return ""
+
+    stages["llir"] = allocate
+    stages["ptx"] = lambda src, metadata: ""
     stages["cubin"] = lambda src, metadata: b""
 
 
 @contextlib.contextmanager
 def compile_only(on_kernel, machine_code: bool = True):
     """Within: every Triton launch compiles its kernel for sm_90 and calls on_kernel(jit function, compiled kernel)
-    instead of running it. machine_code=False stops before LLVM's optimisation (_lowered): kernels compiled so belong
-    in a Triton cache of their own (Triton's cache key does not tell them apart)."""
+    instead of running it. machine_code=False stops at the shared-memory allocation (_lowered): kernels compiled so
+    belong in a Triton cache of their own (Triton's cache key does not tell them apart)."""
     previous = driver._active  # None where there is no GPU (asking `active` would raise)
     launch = JITFunction.run
-    optimize, hook = llvm.optimize_module, knobs.runtime.add_stages_inspection_hook
+    hook = knobs.runtime.add_stages_inspection_hook
 
     def run(self, *args, grid, warmup, **kwargs):
         on_kernel(self, launch(self, *args, grid=grid, warmup=True, **kwargs))
@@ -67,14 +85,13 @@ def compile_only(on_kernel, machine_code: bool = True):
     driver.set_active(H200())
     JITFunction.run = run
     if not machine_code:
-        llvm.optimize_module = lambda *args, **kwargs: None
         knobs.runtime.add_stages_inspection_hook = _lowered
     try:
         yield
     finally:
         JITFunction.run = launch
         driver._active = previous
-        llvm.optimize_module, knobs.runtime.add_stages_inspection_hook = optimize, hook
+        knobs.runtime.add_stages_inspection_hook = hook
 
 
 def resources(kernel) -> dict[str, int]:

@@ -10,9 +10,10 @@ loads left synchronous in its loops; or the error that stopped the spec) and the
 Whatever else the compilation prints goes to stderr.
 
 Only the benchmark's inputs (bf16, head dims 128: MACHINE_CODE 1) are compiled to machine code, through ptxas; the
-other dtypes and head dims stop before LLVM's optimisation (bench/sm90.py: compile_only), which leaves every Triton
-pass and the shared-memory allocation whose limits they are compiled for, at a third of the time (the whole
-compilation took 33 CPU-minutes on a 2-core machine, most of the test suite's time).
+other dtypes and head dims stop at the shared-memory allocation whose limits they are compiled for (bench/sm90.py:
+compile_only), at a tenth of the time (every way to machine code took 33 CPU-minutes on a 2-core machine, most of the
+test suite's time). The lowered way also compiles the first spec at bf16 and head dims 128 (`check`), which the
+test compares with the machine-code way's allocation.
 
 The pool (`Compilation`) starts its workers in processes of their own, where no kernel module was imported for the
 interpreter, each compiling one way, with one Triton cache per way: a kernel two specs launch alike (the same rendered
@@ -57,6 +58,8 @@ class Compilation:
         env["LAMIXER_CACHE"] = str(folder / "lamixer")  # the default configurations, no tuned ones
         full = [[(dtype, D, spec) for spec in specs] for dtype in DTYPES for D in HEAD_DIMS if (dtype, D) == MACHINE_CODE]
         lowered = [[(dtype, D, spec) for spec in specs] for dtype in DTYPES for D in HEAD_DIMS if (dtype, D) != MACHINE_CODE]
+        self.check = (*MACHINE_CODE, specs[0])  # compiled both ways
+        lowered[0].insert(0, self.check)
         # half the workers each way (at least one): the one run through ptxas takes about as long as the three others
         count = max(2, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
         self._queues, self._ways = [], []
@@ -97,21 +100,21 @@ class Compilation:
                 log = (self.folder / f"worker{i}.log").read_text()[-3000:]
                 answer = dict(rows=[dict(spec=os.path.basename(spec), dtype=dtype, error=f"worker {i} exited:\n{log}")], shared_limit=None)
             with self._lock:
-                self.answers.append(dict(answer, D=job[1]))
+                self.answers.append(dict(answer, D=job[1], machine_code=self._ways[i]))
             if answer["shared_limit"] is None:
                 return
         proc.stdin.close()
 
     def result(self, timeout: float) -> tuple[list[dict], int]:
-        """Every job's rows, their dtype given with the head dims ("bfloat16, D = 128"), and the shared-memory limit;
-        waits for the workers (an AssertionError after timeout seconds)."""
+        """Every job's rows, their dtype given with the head dims ("bfloat16, D = 128") and whether they were compiled
+        to machine code, and the shared-memory limit; waits for the workers (an AssertionError after timeout seconds)."""
         deadline = time.monotonic() + timeout
         for _, _, thread in self._workers:
             thread.join(max(0.0, deadline - time.monotonic()))
             assert not thread.is_alive(), f"the sm_90 compilation still running after {timeout} s (logs: {self.folder})"
         left = [job for queue in self._queues for job in queue]
         assert not left, f"{len(left)} jobs left when every worker had exited: {left[:3]}"
-        rows = [dict(r, dtype=f"{r['dtype']}, D = {a['D']}") for a in self.answers for r in a["rows"]]
+        rows = [dict(r, dtype=f"{r['dtype']}, D = {a['D']}", machine_code=a["machine_code"]) for a in self.answers for r in a["rows"]]
         limits = {a["shared_limit"] for a in self.answers} - {None}
         return rows, min(limits, default=0)
 

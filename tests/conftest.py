@@ -21,17 +21,15 @@ GPU_COMPILE = "test_gpu_compile.py"
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name == GPU_COMPILE)  # last (stable: the others keep their order)
+    items.sort(key=lambda item: item.path.name != GPU_COMPILE)  # first (stable: the others keep their order)
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(scope="session")
 def sm90_compilation(request, tmp_path_factory, example_specs):
-    """The sm_90 compilation tests/test_gpu_compile.py checks (tests/compile_worker.py), begun with the session where
-    that test is to run: beside other tests its workers take, at the lowest priority, the CPU the tests leave idle
-    (the interpreter keeps about one core busy), and the test, run last, waits for what is left."""
-    if not any(item.path.name == GPU_COMPILE for item in request.session.items):
-        yield None
-        return
+    """The sm_90 compilation tests/test_gpu_compile.py checks (tests/compile_worker.py), in worker processes of its
+    own. The test comes first: run by `make test`'s parallel workers (pytest-xdist, --dist worksteal), it holds one
+    of them while the compilation's processes take, at the lowest priority, the CPU the other tests leave idle, and
+    the others take over its share of the tests."""
     from compile_worker import Compilation, kernel_specs
 
     alone = all(item.path.name == GPU_COMPILE for item in request.session.items)
