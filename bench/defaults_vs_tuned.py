@@ -24,7 +24,7 @@ a pair's overrun comes out of the later pairs' shares), so a short budget finds 
 how many candidates its search tried. The default, 300 s, leaves a minute of a 6-minute slot for start-up and the last
 pairs' overrun (the first candidate of each spec compiles its kernels: a warm Triton cache leaves more of the budget
 to the search). The table is printed and saved (JSON, after every row) to --out. --configs replaces the search by the candidates
-given (Config.as_list's order, each timed only for specs whose template takes it; "tuned" is then the fastest of
+given (Config.as_list's order, each timed for the specs whose search space holds it; "tuned" is then the fastest of
 them), for comparing candidate defaults across specs.
 
 --interpret runs under Triton's CPU interpreter at a tiny size (B*T = 64, H = 2, D = 16, float32, T = 16 and 32
