@@ -78,28 +78,25 @@ def scan_delta_key_after_float32_prepare_kernel(
         if bad_m:
             i_first = tl.min(tl.min(tl.where(tl.abs(b_M) < float("inf"), BT, o_t[:, None]), axis=0), axis=0)
             b_M = tl.where(tl.abs(b_M) < float("inf"), b_M, 0.)
-        # T = (I - M)^-1. First D^-1 (D = I - M on the 16-token diagonal blocks) by forward substitution, all BT / 16
-        # blocks at once as a [BT / 16, 16, 16] tile: row r of each is T_r = e_r + sum_{j < r} M_rj T_j, the rows of M
-        # read back from tm (this program's own rows; the loop is unrolled, so the loads need not wait for the sums).
+        # T = (I - M)^-1. First D^-1, D = I - M on the 16-token diagonal blocks, all BT / 16 of them at once in
+        # registers: M's own blocks as a [BT / 16, 16, 16] tile L (M reshaped to [BT / 16, 16, BT / 16, 16], the
+        # diagonal of its block axes), then (I - L)^-1 = (I + L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0) in six batched
+        # dots at ACC_PRECISION: about float32's precision, where forward substitution row by row took 15 dependent
+        # steps (bench/results/NOTES.md, the solve's forms). The powers' rounding grows where they cancel: float32's
+        # relative error in D^-1 is 4e-8 for random unit keys, 1.2e-4 for sixteen equal keys at beta 0.99.
         # With N = M off the blocks, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly block-lower, so X^4 = 0
         # for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X). Those products run at SOLVE_PRECISION: tf32 where every
         # use of T rounds it to the inputs' half type (`mm` under `lowp`), whose rounding is four times tf32's; else
         # ACC_PRECISION.
         m_d = (o_t // 16)[:, None] == (o_t // 16)[None, :]
-        tl.store(p_tm, tl.where(m_d, b_M, 0.).to(tm.dtype.element_ty), mask=m_t[:, None])
-        tl.debug_barrier()
         o_c = tl.arange(0, 16)
-        o_b = tl.arange(0, BT // 16) * 16  # [BT / 16] the blocks' first rows
-        b_Tb = tl.zeros([BT // 16, 16, 16], dtype=tl.float32) + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)[None, :, :]
-        for r in tl.static_range(1, 16):
-            p_r = tm + ((bos + i_t * BT + o_b + r) * H + i_h)[:, None] * BT + (o_b[:, None] + o_c[None, :])
-            b_m = tl.load(p_r, mask=(i_t * BT + o_b + r < L)[:, None], other=0.)  # [BT / 16, 16]: row r of each block
-            b_Tb += tl.where((o_c == r)[None, :, None], tl.sum(b_m[:, :, None] * b_Tb, axis=1)[:, None, :], 0.)
-        tl.debug_barrier()
-        p_blk = tm + ((bos + i_t * BT + o_b[:, None, None] + o_c[None, :, None]) * H + i_h) * BT + (o_b[:, None, None] + o_c[None, None, :])
-        tl.store(p_blk, b_Tb.to(tm.dtype.element_ty), mask=(i_t * BT + o_b[:, None, None] + o_c[None, :, None]) < L)
-        tl.debug_barrier()
-        b_T = tl.load(p_tm, mask=m_t[:, None] & m_d, other=0.)  # D^-1 [BT, BT]
+        m_n = (tl.arange(0, BT // 16)[:, None] == tl.arange(0, BT // 16)[None, :])[:, None, :, None]  # a block's own
+        b_L = tl.sum(tl.where(m_n, tl.reshape(b_M, [BT // 16, 16, BT // 16, 16]), 0.), axis=2)  # [BT / 16, 16, 16]
+        b_Tb = b_L + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)[None, :, :]
+        for _ in tl.static_range(3):
+            b_L = tl.dot(b_L, b_L, input_precision=ACC_PRECISION)
+            b_Tb += tl.dot(b_Tb, b_L, input_precision=ACC_PRECISION)
+        b_T = tl.reshape(tl.where(m_n, b_Tb[:, :, None, :], 0.), [BT, BT])  # D^-1 [BT, BT]
         if BT > 16:
             b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=SOLVE_PRECISION)
             b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)

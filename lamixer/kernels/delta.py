@@ -63,8 +63,8 @@ def _forward(mod, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool,
     NC, indices, offsets = chunks(cu, B, T, BT)
     grid_chunks = (cdiv(T, BT), N * H) if not varlen else (NC, H)
     solve = tm is None
-    if solve:
-        tm = torch.empty(B, T, H, BT, dtype=acc, device=a.device)
+    if solve:  # in the inputs' dtype: every use of T rounds it to that (the template's `mm`)
+        tm = torch.empty(B, T, H, BT, dtype=a.dtype, device=a.device)
     w = torch.empty(B, T, H, K, dtype=a.dtype, device=a.device)
     u = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
     # a per-key decay's write keys weighed to the chunk's end (float32: UPDATE_PRECISION's operands) and the chunks'
@@ -120,7 +120,7 @@ delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward,
 def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), h0.new_empty(B, T, H, Config.from_list(cfg).BT)
+    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), a.new_empty(B, T, H, Config.from_list(cfg).BT)
 
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
