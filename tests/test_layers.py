@@ -4,10 +4,12 @@ Decoding token by token equals running the whole sequence, packed sequences equa
 state dicts round-trip, bf16 autocast runs, bad arguments name themselves, gradients reach every
 parameter, and mistakes in a layer section are located SpecErrors.
 """
+import traceback
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import lamixer
 
@@ -302,3 +304,33 @@ def test_a_decoder_steps_as_layer_step_does(name, backend):
         layer.decoder(0)
     with pytest.raises(lamixer.LamixerError, match="whole sequences"):
         make("lln", torch.float32, running_stats=0).decoder(1)
+
+
+class _HostData(TorchDispatchMode):
+    """Records the ops that make a tensor from host data (torch.tensor(...)): on a GPU each is a host-to-device copy,
+    which a CUDA graph's capture refuses."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default):
+            ours = [f for f in traceback.extract_stack() if "/lamixer/" in f.filename]
+            self.made.append(f"{ours[-1].filename}:{ours[-1].lineno}" if ours else "?")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_a_decode_step_makes_no_tensor_from_host_data(name):
+    """Layer.decoder captures Layer.step in a CUDA graph, so a step may not copy host data to the device (the
+    generalized delta rule's sub-step marks did: rwkv7's and gated_deltaproduct's graphed decoders failed on the
+    H200). Checked on the CPU by the ops that make such tensors, on a second step: the first binds the call's
+    signature (its host-side checks and default scale), as a decoder's warm-up step does before the capture."""
+    layer = make(name, torch.float32)
+    with torch.no_grad():
+        _, state = layer(torch.randn(1, 3, HIDDEN), return_state=True)
+        _, state = layer.step(torch.randn(1, HIDDEN), state)
+        with _HostData() as seen:
+            layer.step(torch.randn(1, HIDDEN), state)
+    assert not seen.made, seen.made

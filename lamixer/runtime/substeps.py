@@ -58,7 +58,8 @@ def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, re
     g = _interleave([_full(lg, shape, width, h0) for _, _, _, lg, _ in writes]) if decay != "none" else None
     before = None
     if any(w[4] for w in writes):  # (indexed, not star-unpacked: see Scan.plain)
-        marks = torch.tensor([bool(w[4]) for w in writes], device=h0.device)
+        # made on the device (fills), not copied from the host: a CUDA graph's capture refuses host-to-device copies
+        marks = torch.stack([torch.full((), bool(w[4]), dtype=torch.bool, device=h0.device) for w in writes])
         before = marks.reshape(1, 1, n, 1, 1).expand(B, T, n, H, 1).reshape(B, T * n, H, 1)
     queries = []
     for q, _, position in reads:
