@@ -275,7 +275,15 @@ def decode_rows(m: Mixer, bandwidth: float, have_fla: bool = False) -> list[dict
                 row = decode_row(f"lamixer {m.name} decode", B, sum(s.numel() * 4 for s in h0), bandwidth, step, graphed(step))
                 if have_fla and m.name in COMPETITORS:
                     entry = COMPETITORS[m.name]["decode"]
-                    row["fla_us"] = round(wall_us(lambda: peer_call(entry, tensors, h0_arg)), 1)
+
+                    def fla_step():
+                        return peer_call(entry, tensors, h0_arg)
+
+                    row["fla_us"] = round(wall_us(fla_step), 1)
+                    try:  # FLA's step replayed as ours is, where its call can be captured
+                        row["fla_graph_us"] = round(wall_us(graphed(fla_step)), 1)
+                    except Exception as e:
+                        row["fla_graph_error"] = repr(e)[:200]
             return row
 
         rows.append(_guarded(f"lamixer {m.name} decode", B, mixer_row))
