@@ -47,7 +47,7 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # the output kernel of a scalar decay (or none) reads q and a once per value block: whole 128-wide rows read them
     # once; a decay along the value dim holds float32 states there, which spill at 128 wide: 64
     BV = min(64 if decay == "value" else 128, pow2(V))
-    if decay == "scalar":  # 64-wide walk and gradient blocks (three stages, 1 % faster at bf16, outgrow float32's)
+    if decay == "scalar":  # 64-wide walk and gradient blocks; three stages, 1 % faster at bf16, overflow float32's shared memory
         return Config(64, BV, pow2(K), 4, 2, min(64, pow2(V)), min(64, pow2(V)), 8)
     return Config(64, BV, pow2(K), 4, 2, min(32, pow2(V)), min(32, pow2(V)), 8)
 
