@@ -51,7 +51,7 @@ def mock_kernels():
     additive_host.run_chunk_scan = additive
     triton_backend.launch_problems = lambda device: []  # CPU tensors stand in for CUDA ones: nothing is launched
 
-    def launch(queries, qs, a, b, c, g, h0, cu, rule, decay, reads, out_dtype, *forms):
+    def launch(queries, qs, a, b, c, g, h0, cu, rule, decay, reads, out_dtype, *forms, **flags):
         N = a.shape[0] if cu is None else cu.shape[0] - 1
         return b.new_empty(len(queries), *b.shape, dtype=out_dtype), h0.new_empty(N, *h0.shape[1:])
 

@@ -43,12 +43,12 @@ CALLS = {"T=24": (None, None), "packed 5+19, scale 0.3": ([0, 5, 24], 0.3)}
 TRITON_CASES = [("gsa", True), ("simple_gla", True), ("deltanet", True), ("gated_deltanet", False), ("gsa", False)]
 
 
-def _interpret_case(m, seed: int, cu, scale, dtype=torch.float64):
-    tensors, states = random_call(m, B=2, T=24, seed=seed, cu_seqlens=cu, dtype=dtype)
+def _interpret_case(m, seed: int, cu, scale, dtype=torch.float64, T: int = 24):
+    tensors, states = random_call(m, B=2, T=T, seed=seed, cu_seqlens=cu, dtype=dtype)
     if not m.compiled.graph.uses_scale:
         scale = None
     gen = torch.Generator().manual_seed(seed + 1)
-    B, T = (1, cu[-1]) if cu else (2, 24)
+    B, T = (1, cu[-1]) if cu else (2, T)
     sizes = {d: int(next(t for op, t in zip(m.compiled.graph.operands, tensors.values()) if d in op.dims).shape[-1]) for d in m.compiled.graph.dims}
     out = m.compiled.graph.dims_of(m.compiled.graph.output)
     do = torch.randn(B, T, 2, *[sizes[d] for d in out], generator=gen, dtype=torch.float64)
@@ -133,6 +133,11 @@ def _run(tmp_path_factory):
     case = _interpret_case(m, 98, None, None, dtype=torch.float32)
     refs["lln", "fused"] = _reference(m, case, "triton")
     mixers["fused|lln"] = {**case, "module": f"mixers.{package_name('lln')}", "function": "lln", "backend": "triton", "grad": True, "fuse": True}
+    # and a one-token decoding step's (rwkv7: its sub-steps' operands, a bonus) around the recurrent kernel
+    m = lamixer.load("rwkv7")
+    case = _interpret_case(m, 97, None, None, dtype=torch.float32, T=1)
+    refs["rwkv7", "fused decode"] = _reference(m, case, "triton", grad=False)
+    mixers["fused|rwkv7|decode"] = {**case, "module": f"mixers.{package_name('rwkv7')}", "function": "rwkv7", "backend": "triton", "grad": False, "fuse": True}
 
     cases_file, results_file = root / "cases.pt", root / "results.pt"
     torch.save({"path": [str(standalone), str(shared.parent)], "mixers": mixers, "layers": layers}, cases_file)
@@ -388,13 +393,15 @@ def test_layer_numbers_combine_as_lamixer_combines_them(tmp_path):
 
 
 def test_package_fuses_the_per_token_work(run):
-    """A package runs its chunk kernels' per-token work under torch.compile where runtime/fuse.py fuses (here the
-    CPU with the aot_eager backend): the same results as lamixer's unfused triton backend, bit for bit."""
+    """A package runs its chunk kernels' per-token work, and a decoding step's around the recurrent kernel, under
+    torch.compile where runtime/fuse.py fuses (here the CPU with the aot_eager backend): the same results as lamixer's
+    unfused triton backend, bit for bit."""
     refs, results = run
-    got = results["mixers"]["fused|lln"]
-    assert got["fused"]
-    errors = _errors(got, refs["lln", "fused"])
-    assert max(errors.values()) == 0, errors
+    for key, ref in (("fused|lln", ("lln", "fused")), ("fused|rwkv7|decode", ("rwkv7", "fused decode"))):
+        got = results["mixers"][key]
+        assert got["fused"], key
+        errors = _errors(got, refs[ref])
+        assert max(errors.values()) == 0, (key, errors)
 
 
 CHECKED = """mixer checked

@@ -140,9 +140,9 @@ def test_broadcast_operands_need_no_copy(launches, monkeypatch):
     strides = []
     launch = recurrent.launch
 
-    def spy(queries, qs, a, b, c, g, *rest):
+    def spy(queries, qs, a, b, c, g, *rest, **flags):
         strides.append((queries[0].stride(), a.stride(), g.stride()))
-        return launch(queries, qs, a, b, c, g, *rest)
+        return launch(queries, qs, a, b, c, g, *rest, **flags)
 
     monkeypatch.setattr(recurrent, "launch", spy)
     assert_matches(m, tensors, states, "retnet, strided inputs")
@@ -154,7 +154,7 @@ def test_serves_inference_up_to_64_tokens_and_leaves_the_rest_to_the_chunk_kerne
     m = lamixer.load("simple_gla")
     used = []
     launch, chunk = recurrent.launch, chunk_host.run_chunk_scan
-    monkeypatch.setattr(recurrent, "launch", lambda *args: used.append("recurrent") or launch(*args))
+    monkeypatch.setattr(recurrent, "launch", lambda *args, **flags: used.append("recurrent") or launch(*args, **flags))
     monkeypatch.setattr(chunk_host, "run_chunk_scan", lambda *args: used.append("chunk") or chunk(*args))
 
     def kernel(T=None, grad=False, enabled=True, cu=None):

@@ -271,6 +271,40 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
     assert counters["stats"]["unique_graphs"] >= 4  # deltanet, deltanet at a new length, lln, rwkv7
 
 
+@pytest.mark.parametrize("name", ["rwkv7", "gated_deltaproduct", "hgrn2"])
+def test_decoding_step_fused_by_torch_compile(name, monkeypatch):
+    """A one-token step on the recurrent kernel with per-token work around it (sub-steps' operands, feature maps, a
+    bonus) runs under torch.compile on a fusing device: the same output and final state as unfused, bit for bit, and
+    under STATES_IN_PLACE (a graphed decoder's) the state is written over the initial one, through the custom op that
+    says so (CPU standing in for the GPU, aot_eager)."""
+    from lamixer.runtime.scan import STATES_IN_PLACE
+
+    monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
+    monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
+    m = lamixer.loads(lamixer.api.shipped_source(name) + "\n# fused decoding\n", name)
+    tensors, states = random_call(m, B=3, T=1, H=2, dtype=torch.float32, seed=5)
+    states = [s.float() for s in states]
+    results = {}
+    for fused in (True, False):
+        monkeypatch.setattr(fuse, "ENABLED", fused)
+        for in_place in (False, True):
+            for _ in range(2 if fused else 1):  # a signature's first call runs unfused
+                h0 = [s.clone() for s in states]
+                token = STATES_IN_PLACE.set(in_place)
+                try:
+                    with torch.no_grad():
+                        o, finals = m(**tensors, initial_state=h0, output_final_state=True, backend="triton")
+                finally:
+                    STATES_IN_PLACE.reset(token)
+            assert [f.data_ptr() == h.data_ptr() for f, h in zip(finals, h0)] == [in_place] * len(h0), (fused, in_place)
+            results[fused, in_place] = (o, finals)
+    keys = [k for memo in _memos(m) for k in memo if isinstance(k, tuple) and k[0] == "fused"]
+    assert len(keys) == 2 and name not in fuse._failed  # one compiled copy per in-place mode
+    o, finals = results[False, False]
+    for got, got_finals in results.values():
+        assert torch.equal(got, o) and all(torch.equal(a, b) for a, b in zip(got_finals, finals))
+
+
 def test_tracing_reads_the_configuration_an_eager_call_chose_for_its_shape(monkeypatch):
     """Under torch.compile no cache file is read: a traced call takes the configuration an eager call of its shape
     bucket chose (runtime/fuse.py runs each signature's first call eagerly), not the last one chosen for its head dims."""

@@ -10,7 +10,7 @@ import torch
 
 from ..runtime import fuse, ops
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
-from ..runtime.scan import torch_scan
+from ..runtime.scan import STATES_IN_PLACE, torch_scan
 from ..runtime.substeps import substep_scan
 
 SIGNATURE = Signature(
@@ -47,13 +47,14 @@ def gated_deltaproduct(q, k1, v1, beta1, k2, v2, beta2, g, *, scale=None, initia
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (q, k1, v1, beta1, k2, v2, beta2, g), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k1": k1, "v1": v1, "beta1": beta1, "k2": k2, "v2": v2, "beta2": beta2, "g": g}, scale, initial_state, cu_seqlens, default_scale))
-    scan, chunked = [(torch_scan, False)] * 1, False
+    scan, fused = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
 
         scan = scans.choose(call, backend)
-        chunked = scans.chunked(scan)
-    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work
+        fused = scans.fused(scan, call)
+    # on a GPU, torch.compile fuses the per-token work around the kernels (a compiled copy per in-place mode)
+    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=fused, version=STATES_IN_PLACE.get())
     return results(call, o, finals, output_final_state)
 
 

@@ -11,7 +11,7 @@ import torch
 from ..runtime import fuse, ops
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
 from ..runtime.carry import attach, block_attention, extras, statistic
-from ..runtime.scan import attention_dtype, scan_group, torch_scan
+from ..runtime.scan import STATES_IN_PLACE, attention_dtype, scan_group, torch_scan
 
 SIGNATURE = Signature(
     "lln",
@@ -46,13 +46,14 @@ def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu
     call = bind(SIGNATURE, BINDINGS, (q, k, v), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k": k, "v": v}, scale, initial_state, cu_seqlens, default_scale))
     call = attach(SIGNATURE, call, stats, window, output_stats, output_window)
-    scan, chunked = [(torch_scan, False)] * 1, False
+    scan, fused = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
 
         scan = scans.choose(call, backend)
-        chunked = scans.chunked(scan)
-    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work
+        fused = scans.fused(scan, call)
+    # on a GPU, torch.compile fuses the per-token work around the kernels (a compiled copy per in-place mode)
+    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=fused, version=STATES_IN_PLACE.get())
     return results(call, o, finals, output_final_state, SIGNATURE)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from ..runtime import fuse
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
-from ..runtime.scan import scan_group, torch_scan
+from ..runtime.scan import STATES_IN_PLACE, scan_group, torch_scan
 
 SIGNATURE = Signature(
     "metala",
@@ -42,13 +42,14 @@ def metala(q, g, v, w_aug, *, scale=None, initial_state=None, output_final_state
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (q, g, v, w_aug), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "g": g, "v": v, "w_aug": w_aug}, scale, initial_state, cu_seqlens, default_scale))
-    scan, chunked = [(torch_scan, False)] * 1, False
+    scan, fused = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
 
         scan = scans.choose(call, backend)
-        chunked = scans.chunked(scan)
-    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work
+        fused = scans.fused(scan, call)
+    # on a GPU, torch.compile fuses the per-token work around the kernels (a compiled copy per in-place mode)
+    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=fused, version=STATES_IN_PLACE.get())
     return results(call, o, finals, output_final_state)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..runtime import fuse, ops
 from ..runtime.call import Operand, Signature, bind, check, check_flags, results
-from ..runtime.scan import torch_scan
+from ..runtime.scan import STATES_IN_PLACE, torch_scan
 from ..runtime.substeps import substep_scan
 
 SIGNATURE = Signature(
@@ -44,13 +44,14 @@ def rwkv7(r, w, k, v, kappa, alpha, r_k, *, scale=None, initial_state=None, outp
     check_flags(backend, BACKENDS, output_final_state)
     call = bind(SIGNATURE, BINDINGS, (r, w, k, v, kappa, alpha, r_k), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"r": r, "w": w, "k": k, "v": v, "kappa": kappa, "alpha": alpha, "r_k": r_k}, scale, initial_state, cu_seqlens, default_scale))
-    scan, chunked = [(torch_scan, False)] * 1, False
+    scan, fused = [(torch_scan, False)] * 1, False
     if backend != "torch":
         from . import scans
 
         scan = scans.choose(call, backend)
-        chunked = scans.chunked(scan)
-    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work
+        fused = scans.fused(scan, call)
+    # on a GPU, torch.compile fuses the per-token work around the kernels (a compiled copy per in-place mode)
+    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=fused, version=STATES_IN_PLACE.get())
     return results(call, o, finals, output_final_state)
 
 

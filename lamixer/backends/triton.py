@@ -20,6 +20,7 @@ from ..kernels.launch import MAX_HEAD_DIM, bf16_interpreted, launch_problems
 from ..passes.kernel_plan import Form, ScanGroup
 from ..passes.pipeline import Compiled
 from ..runtime import fuse
+from ..runtime.scan import STATES_IN_PLACE
 from ..tuning import choose
 from . import evaluate
 from .binding import Call, remember
@@ -100,16 +101,20 @@ def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None
         return evaluate.run(compiled, call, *_choices(compiled, call, interpreted, configs)[:3])
     # the choices depend on nothing but the signature, the grad mode, whether the recurrent kernel takes the length,
     # the configurations asked for and the tuning cache's state (choose.generation: a configuration stored since)
+    # and whether states are updated in place (a graphed decoder's, read here: tracing reads no context variable)
+    in_place = STATES_IN_PLACE.get()
     key = ("triton", torch.is_grad_enabled(), call.longest <= recurrent.MAX_T, interpreted, tuple(sorted((configs or {}).items())),
-           choose.generation())
+           choose.generation(), in_place)
     choices = call.memo.get(key)
     if choices is None:
-        choices = remember(call.memo, key, _choices(compiled, call, interpreted, configs))
+        choices = remember(call.memo, key, _choices(compiled, call, interpreted, configs, in_place))
     scans, direct, prog, chunked = choices
-    # fused: chunked scans with per-token work around them (with none, torch.compile's dispatch only adds host time);
-    # the autotuner times kernels unfused, and a context-parallel call's collectives stay outside a compiled graph
-    fused = chunked and not configs and prog.per_token_work and call.context_parallel is None
-    return fuse.run(_evaluate, compiled.name, call, compiled, scans, direct, prog, when=fused, version=choose.generation())
+    # fused: chunked scans, or a one-token decoding step, with per-token work around them (with none, torch.compile's
+    # dispatch only adds host time; a decoding step's work unfused is one small kernel per operation, most of a graphed
+    # step's time); the autotuner times kernels unfused, and a context-parallel call's collectives stay outside a
+    # compiled graph
+    fused = (chunked or call.longest == 1) and not configs and prog.per_token_work and call.context_parallel is None
+    return fuse.run(_evaluate, compiled.name, call, compiled, scans, direct, prog, when=fused, version=(choose.generation(), in_place))
 
 
 def _evaluate(call: Call, compiled: Compiled, scans, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -119,18 +124,18 @@ def _evaluate(call: Call, compiled: Compiled, scans, direct, prog) -> tuple[torc
     return o.to(call.out_dtype), finals
 
 
-def _choices(compiled: Compiled, call: Call, interpreted: bool, configs: dict[str, Config] | None) -> tuple:
+def _choices(compiled: Compiled, call: Call, interpreted: bool, configs: dict[str, Config] | None, in_place: bool = False) -> tuple:
     """(scan implementation per group, direct operands, evaluation program, whether the chunk kernels run) for this
     call: the recurrent kernel for inference on short sequences, else each group's chunk kernels. Each group's entry
     also names the operand dtype per-token work making an operand returns (evaluate.py: prologue): the chunk kernels',
-    None for the recurrent kernel."""
+    None for the recurrent kernel. in_place: the recurrent kernel writes the final states over the initial ones."""
     dtype = kernel_dtype(call, interpreted)
     decoding = serves(compiled, call)
     direct = direct_operands(compiled, call, finished=decoding)
     scans = {}
     for g in compiled.plan.groups:
         if decoding:  # the recurrent kernel writes a group's vector states as value columns of ones
-            scans[g.states] = (functools.partial(recurrent.scan, dtype=dtype), False, None)  # it converts as it loads
+            scans[g.states] = (functools.partial(recurrent.scan, dtype=dtype, in_place=in_place), False, None)  # it converts as it loads
         else:
             config = chunk_config(g, call, dtype, configs)
             scans[g.states] = (chunk_scan(g, dtype, config), g.normaliser is not None, dtype)

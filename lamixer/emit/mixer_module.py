@@ -27,7 +27,7 @@ CALL_ARGUMENTS = ("scale", "initial_state", "output_final_state", "cu_seqlens", 
 # module-level names of a mixer module, which no spec name may take
 MODULE_NAMES = ("SIGNATURE", "BACKENDS", "BINDINGS", "TRITON_MISSING", "forward", "default_scale", "torch", "F", "ops", "Operand", "Signature",
                 "bind", "check", "check_flags", "pick_backend", "results", "scan_group", "stat", "block_attention", "attention_dtype", "torch_scan", "scans", "fuse",
-                "statistic", "extras", "attach",
+                "statistic", "extras", "attach", "STATES_IN_PLACE",
                 # and what the package's __init__ exports beside the mixer, or its submodules
                 "Layer", "LayerState", "ArgumentError", "LamixerError", "mixer", "layer", "runtime", "kernels")  # fmt: skip
 
@@ -354,8 +354,9 @@ is its kernel plan written out: the per-token work one line per node, each scan 
         m.use(runtime + ".call", "pick_backend")
     else:
         m.use(runtime, "fuse")
+        m.use(runtime + ".scan", "STATES_IN_PLACE")
     m.use(runtime + ".scan", "torch_scan")
-    params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan", "chunked"), builtin_names=False)  # the call's body calls no builtin
+    params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan", "fused"), builtin_names=False)  # the call's body calls no builtin
     args = {op.name: params.claim(op.name) for op in g.operands}
     operands = "".join(f"\n        {_operand(op)}," for op in compiled.signature.operands)
     states = "".join(f"\n        ({src.text(n)}, {src.names(s.dims)})," for n, s in g.states.items())
@@ -403,13 +404,14 @@ is its kernel plan written out: the per-token work one line per node, each scan 
                   f"    o, finals = forward(call, [(torch_scan, False)] * {len(compiled.plan.groups)})"]  # fmt: skip
     else:
         lines += [
-            f"    scan, chunked = [(torch_scan, False)] * {len(compiled.plan.groups)}, False",
+            f"    scan, fused = [(torch_scan, False)] * {len(compiled.plan.groups)}, False",
             '    if backend != "torch":',
             "        from . import scans",
             "",
             "        scan = scans.choose(call, backend)",
-            "        chunked = scans.chunked(scan)",
-            "    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=chunked)  # on a GPU, torch.compile fuses the chunk kernels' per-token work",
+            "        fused = scans.fused(scan, call)",
+            "    # on a GPU, torch.compile fuses the per-token work around the kernels (a compiled copy per in-place mode)",
+            "    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=fused, version=STATES_IN_PLACE.get())",
         ]
     lines += ["    return results(call, o, finals, output_final_state, SIGNATURE)" if carries else "    return results(call, o, finals, output_final_state)", "", ""]
     lines += ["def default_scale(sizes):", f'    """The scale when the call gives none: {scale_text}, for the call\'s dim sizes."""']

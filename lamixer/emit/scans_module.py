@@ -101,6 +101,7 @@ def scans_module(compiled: Compiled, runtime: str, kernels: str) -> str:
     m.use(runtime + ".call", "pick_backend")
     m.use(runtime + ".call", "remember")
     m.use(runtime + ".scan", "torch_scan")
+    m.use(runtime + ".scan", "STATES_IN_PLACE")
     key_dims = list(dict.fromkeys(g.key_dim for g in compiled.plan.groups))
     checks = list(dict.fromkeys((g.states[0], d) for g in compiled.plan.groups for d in (g.key_dim, *g.value_dims) if d is not None))
     m.write(
@@ -137,16 +138,17 @@ def scans_module(compiled: Compiled, runtime: str, kernels: str) -> str:
         "    for inference on short sequences, else the chunk kernels with their default configuration, in the inputs' dtype",
         '    when it is bf16 or fp16, else in float32; torch_scan when backend "auto" finds they cannot run the call (or no',
         '    GPU); an ArgumentError when backend "triton" insists. Worked out once per call signature."""',
-        '    key = ("scan", backend, torch.is_grad_enabled(), call.longest <= recurrent.MAX_T, os.environ.get("TRITON_INTERPRET") == "1")',
+        "    in_place = STATES_IN_PLACE.get()  # a graphed decoder's states, updated in place by the recurrent kernel",
+        '    key = ("scan", backend, torch.is_grad_enabled(), call.longest <= recurrent.MAX_T, os.environ.get("TRITON_INTERPRET") == "1", in_place)',
         "    found = None if call.memo is None else call.memo.get(key)",
         "    if found is None:",
-        "        found = _choose(call, backend)",
+        "        found = _choose(call, backend, in_place)",
         "        if call.memo is not None:",
         "            remember(call.memo, key, found)",
         "    return found",
         "",
         "",
-        "def _choose(call, backend):",
+        "def _choose(call, backend, in_place):",
         "    decoding = serves(call)",
         "    missing = ([] if decoding else unsupported(call)) + (launch.launch_problems(call.device) if backend == \"triton\" else [])",
         f"    if pick_backend({src.text(compiled.name)}, backend, call, missing) == \"torch\":",
@@ -155,7 +157,7 @@ def scans_module(compiled: Compiled, runtime: str, kernels: str) -> str:
         '    if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1" and not launch.bf16_interpreted():',
         "        dtype = torch.float32  # Triton 3.6's CPU interpreter multiplies bf16 dot operands as raw bits (lamixer.tools.emulate)",
         "    if decoding:",
-        "        return [(functools.partial(recurrent.scan, dtype=dtype), False)] * len(GROUPS)",
+        "        return [(functools.partial(recurrent.scan, dtype=dtype, in_place=in_place), False)] * len(GROUPS)",
         "    out = []",
         "    for run, default, decay, key_dim, widths, carries in GROUPS:",
         "        V = sum(call.sizes[w] if isinstance(w, str) else w for w in widths)",
@@ -163,8 +165,10 @@ def scans_module(compiled: Compiled, runtime: str, kernels: str) -> str:
         "    return out",
         "",
         "",
-        "def chunked(scans) -> bool:",
-        '    """Whether choose() picked the chunk kernels (whose per-token work runtime/fuse.py fuses on a GPU)."""',
-        "    return any(isinstance(run, functools.partial) and run.func is not recurrent.scan for run, _ in scans)",
+        "def fused(scans, call) -> bool:",
+        '    """Whether runtime/fuse.py compiles this call\'s per-token work on a GPU: around the chunk kernels choose() picked,',
+        '    or around the recurrent kernel in a one-token decoding step (whose work unfused is one small kernel per operation)."""',
+        "    kernels = [run.func for run, _ in scans if isinstance(run, functools.partial)]",
+        "    return any(f is not recurrent.scan for f in kernels) or (call.longest == 1 and recurrent.scan in kernels)",
     )
     return m.text()

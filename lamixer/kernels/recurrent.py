@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from ..runtime.scan import STATES_IN_PLACE, KeyForm, ScanOperands
+from ..runtime.scan import KeyForm, ScanOperands
 from .launch import ACC_NAMES, NAMESPACE, pow2
 from .loader import kernels
 
@@ -70,19 +70,19 @@ def _kernel(rule: str, decay: str, reads: str, erase_before: bool, acc: torch.dt
 def launch(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
            g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
            out_dtype: torch.dtype, norms: list[bool] | None = None, at: torch.Tensor | None = None, ct: torch.Tensor | None = None,
-           af: torch.Tensor | None = None, cf: torch.Tensor | None = None, erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+           af: torch.Tensor | None = None, cf: torch.Tensor | None = None, erase_before: bool = False, in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Run the kernel: o [R, B, T, H, V] in out_dtype (one slab per read) and the final state [N, H, K, V] in h0's dtype.
 
     The key-side operands' forms (runtime.scan.KeyForm): norms, whether to l2-normalise each query, then a and c; at,
     ct per-token scalars [B, T, H] and af, cf per-head factors [H] of a and c (None: none). erase_before: the delta
-    rule's erase reads the state before the token's decay (the template's flag)."""
+    rule's erase reads the state before the token's decay (the template's flag). in_place: the final state is written
+    over h0 (float32 and contiguous), which is returned as it."""
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     device = b.device
     kernel, BK, BV, warps = _kernel(rule, decay, reads, erase_before, h0.dtype, K, V, N * H, device)
     o = torch.empty(len(queries), B, T, H, V, dtype=out_dtype, device=device)
-    in_place = STATES_IN_PLACE.get() and not torch.compiler.is_compiling()  # the custom op mutates nothing
     ht = h0 if in_place else torch.empty(N, H, K, V, dtype=h0.dtype, device=device)
     strides = [s for x in (*queries, a, b, c, g) for s in _strides(x)]
     norms = norms or [False] * (len(queries) + 2)
@@ -119,10 +119,29 @@ def _(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, no
     return b.new_empty(len(queries), B, T, H, b.shape[-1], dtype=out_dtype), h0.new_empty(N, H, K, b.shape[-1])
 
 
-def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+@torch.library.custom_op(f"{NAMESPACE}::recurrent_scan_into", mutates_args=("h0",))
+def recurrent_scan_into(queries: list[torch.Tensor], qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
+                        g: torch.Tensor | None, h0: torch.Tensor, cu_seqlens: torch.Tensor | None, rule: str, decay: str, reads: str,
+                        out_dtype: torch.dtype, norms: list[bool] | None = None, at: torch.Tensor | None = None, ct: torch.Tensor | None = None,
+                        af: torch.Tensor | None = None, cf: torch.Tensor | None = None, erase_before: bool = False) -> torch.Tensor:  # fmt: skip
+    """recurrent_scan with its final state written over h0 (float32, contiguous): o alone. A traced call whose states
+    are updated in place (runtime.scan.STATES_IN_PLACE, a graphed decoder's) declares so, which the functional op
+    cannot."""
+    return launch(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, norms, at, ct, af, cf, erase_before, in_place=True)[0]
+
+
+@recurrent_scan_into.register_fake
+def _(queries, qs, a, b, c, g, h0, cu_seqlens, rule, decay, reads, out_dtype, norms=None, at=None, ct=None, af=None, cf=None, erase_before=False):
+    B, T, H, _ = a.shape
+    return b.new_empty(len(queries), B, T, H, b.shape[-1], dtype=out_dtype)
+
+
+def scan(ops: ScanOperands, dtype: torch.dtype, in_place: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One state's scan on the recurrent kernel: ([o per read] in `dtype`, final state in float32, float64 when
     the inputs are). Operands go in as they are, in their dtype and strides: the kernel converts as it loads. A scan
-    given ops.c_before runs with every erase reading the state before its sub-token's decay (as kernels/delta.py's)."""
+    given ops.c_before runs with every erase reading the state before its sub-token's decay (as kernels/delta.py's).
+    in_place: the final state is written over ops.h0 where that is already the state's dtype and contiguous
+    (runtime.scan.STATES_IN_PLACE; the caller reads it when it chooses the implementation)."""
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     queries = [q for q, _ in ops.reads]
     factors = ops.query_factors
@@ -144,6 +163,11 @@ def scan(ops: ScanOperands, dtype: torch.dtype) -> tuple[list[torch.Tensor], tor
         args += (norms, fa.token, fc.token, *factors)
     # without a decay, before and after it are one state
     flag = {"erase_before": True} if ops.c_before is not None and ops.decay != "none" and ops.c is not None else {}
-    # eager calls skip the custom op's dispatch (it serves torch.compile's tracing, which sees the op)
-    o, ht = recurrent_scan(*args, **flag) if torch.compiler.is_compiling() else launch(*args, **flag)
+    in_place = in_place and ops.h0.dtype == acc and ops.h0.is_contiguous()  # else h0 is a copy: written, then returned
+    if not torch.compiler.is_compiling():  # eager calls skip the custom ops' dispatch (they serve torch.compile's tracing)
+        o, ht = launch(*args, **flag, in_place=in_place)
+    elif in_place:
+        o, ht = recurrent_scan_into(*args, **flag), h0
+    else:
+        o, ht = recurrent_scan(*args, **flag)
     return ([o[0]] if len(queries) == 1 else list(o.unbind(0))), ht

@@ -397,12 +397,15 @@ class GraphedDecoder:
         self.graph = None
         if device.type == "cuda":
             with torch.no_grad():
-                side = torch.cuda.Stream(device)  # warm-up off the capture: fills every per-signature cache first
+                # warm-up off the capture, steps as the captured one (states in place): fills every per-signature
+                # cache first, and a mixer's fused copy compiles at the second (runtime/fuse.py)
+                side = torch.cuda.Stream(device)
                 side.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(side):
                     for _ in range(2):
-                        layer.step(self.x, self.state)
+                        self._advance()
                 torch.cuda.current_stream(device).wait_stream(side)
+                self.reset(state)  # the warm-up's steps moved the state on
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph):
                     self._advance()
