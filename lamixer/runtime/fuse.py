@@ -1,13 +1,15 @@
-"""The per-token work around the chunked scans (feature maps, normalisations, gates, statistics, the output's
-epilogue) fused by torch.compile (inductor) on a GPU, forward and backward, into a few kernels around the scans,
-which it sees as custom ops.
+"""The per-token work around the scans (feature maps, normalisations, gates, statistics, the output's epilogue)
+fused by torch.compile (inductor) on a GPU, forward and backward, into a few kernels around the scans, which it sees
+as custom ops.
 
 Unfused, that work was about half of deltanet's and lln's time (bench/results/NOTES.md). Each call signature
 (shapes, dtypes, which arguments are given; Call.memo) and grad mode compiles once, for its static shapes: a
 dynamic-shape graph ran slower; a signature's first call runs unfused, the second compiles.
-Packed sequences (their lengths change from batch to batch), calls made while a caller's torch.compile traces
-(Call.memo is None then) and specs with no per-token work around their scans (the caller's `when`: fusing would
-only add host time) run unfused. LAMIXER_FUSE=0 turns fusion off.
+A one-token decoding step is fused around the recurrent kernel the same way: unfused, a CUDA graph's replay of it
+still runs one small kernel per operation. Packed sequences (their lengths change from batch to batch), calls made
+while a caller's torch.compile traces (Call.memo is None then), prefills on the recurrent kernel (a compilation per
+prompt length) and specs with no per-token work around their scans (the caller's `when`: fusing would only add host
+time) run unfused. LAMIXER_FUSE=0 turns fusion off.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ _functions: dict = {}  # (function, argument signature) -> its compiled copy (se
 
 
 def run(fn, name: str, call: Call, *args, when: bool = True, version=None):
-    """fn(call, *args), under torch.compile when `when` (the caller's scans are the chunk kernels) and the call is
+    """fn(call, *args), under torch.compile when `when` (the caller's scans are the chunk kernels, or a decoding step's recurrent kernel) and the call is
     on a fusing device, unpacked and not itself being traced. `name` names fn's work (a spec) in its compiled
     code and in the warning should compilation fail, after which that name runs unfused. A new `version` (of the
     choices args carry) compiles a new copy, traced afresh from its first call's choices."""
