@@ -140,7 +140,8 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     NV = cdiv(V, BW)
     do, dht = do.contiguous(), dht.contiguous()
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
-    du = torch.empty(B, T, H, V, dtype=acc, device=a.device)
+    # dU as the intermediates are kept (the template's header): in the inputs' dtype, in float32 under a per-key decay
+    du = torch.empty(B, T, H, V, dtype=acc if decay == "key" else a.dtype, device=a.device)
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, do, du, cu_seqlens, indices, T, SPAN=diagonal_span(a.dtype), **common)
     dh = torch.empty_like(h)
     # a per-key decay's reverse pass pipelines its decay tiles too: one stage fewer fits a Hopper block's shared memory
