@@ -194,6 +194,12 @@ def scan_delta_key_after_float32_state_kernel(
         b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 3 * BK:
         b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    # the first chunk's whole decay per key block, loaded one chunk ahead: the pipeliner leaves a load that feeds no dot
+    # synchronous, a stall on global memory in each of the pass's dependent steps (bench/sm90.py's sync column)
+    b_gln0 = tl.load(gl + (c0 * H + i_h) * K + o_k, mask=(o_k < K) & (L > 0), other=0.)  # [BK]
+    b_gln1 = tl.load(gl + (c0 * H + i_h) * K + 1 * BK + o_k, mask=(o_k < K - 1 * BK) & (L > 0), other=0.)  # [BK]
+    b_gln2 = tl.load(gl + (c0 * H + i_h) * K + 2 * BK + o_k, mask=(o_k < K - 2 * BK) & (L > 0), other=0.)  # [BK]
+    b_gln3 = tl.load(gl + (c0 * H + i_h) * K + 3 * BK + o_k, mask=(o_k < K - 3 * BK) & (L > 0), other=0.)  # [BK]
     for i_t in range(0, tl.cdiv(L, BT)):
         r = tl.cast(i_t * BT, tl.int64) * H
         m_t = i_t * BT + o_t < L
@@ -217,19 +223,23 @@ def scan_delta_key_after_float32_state_kernel(
         b_u += tl.load(u0 + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)
         tl.store(u + r * V + s_tv, b_u.to(u.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(ad + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
-        b_gl = tl.load(gl + ((c0 + i_t) * H + i_h) * K + o_k, mask=(o_k < K), other=0.)  # [BK]
+        b_gl = b_gln0
+        b_gln0 = tl.load(gl + ((c0 + i_t + 1) * H + i_h) * K + o_k, mask=(o_k < K) & ((i_t + 1) * BT < L), other=0.)
         b_h0 = b_h0 * tl.exp(b_gl)[:, None] + tl.dot(b_aT.to(tl.float32), b_u, input_precision=UPDATE_PRECISION)
         if K > 1 * BK:
             b_aT = tl.trans(tl.load(ad + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gl = tl.load(gl + ((c0 + i_t) * H + i_h) * K + 1 * BK + o_k, mask=(o_k < K - 1 * BK), other=0.)  # [BK]
+            b_gl = b_gln1
+            b_gln1 = tl.load(gl + ((c0 + i_t + 1) * H + i_h) * K + 1 * BK + o_k, mask=(o_k < K - 1 * BK) & ((i_t + 1) * BT < L), other=0.)
             b_h1 = b_h1 * tl.exp(b_gl)[:, None] + tl.dot(b_aT.to(tl.float32), b_u, input_precision=UPDATE_PRECISION)
         if K > 2 * BK:
             b_aT = tl.trans(tl.load(ad + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gl = tl.load(gl + ((c0 + i_t) * H + i_h) * K + 2 * BK + o_k, mask=(o_k < K - 2 * BK), other=0.)  # [BK]
+            b_gl = b_gln2
+            b_gln2 = tl.load(gl + ((c0 + i_t + 1) * H + i_h) * K + 2 * BK + o_k, mask=(o_k < K - 2 * BK) & ((i_t + 1) * BT < L), other=0.)
             b_h2 = b_h2 * tl.exp(b_gl)[:, None] + tl.dot(b_aT.to(tl.float32), b_u, input_precision=UPDATE_PRECISION)
         if K > 3 * BK:
             b_aT = tl.trans(tl.load(ad + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
-            b_gl = tl.load(gl + ((c0 + i_t) * H + i_h) * K + 3 * BK + o_k, mask=(o_k < K - 3 * BK), other=0.)  # [BK]
+            b_gl = b_gln3
+            b_gln3 = tl.load(gl + ((c0 + i_t + 1) * H + i_h) * K + 3 * BK + o_k, mask=(o_k < K - 3 * BK) & ((i_t + 1) * BT < L), other=0.)
             b_h3 = b_h3 * tl.exp(b_gl)[:, None] + tl.dot(b_aT.to(tl.float32), b_u, input_precision=UPDATE_PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
