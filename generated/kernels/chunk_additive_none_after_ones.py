@@ -197,6 +197,7 @@ def chunk_additive_none_after_ones_float32_state_bwd(
         b_h2 = tl.load(p_dht + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if KB > 3 * BK:
         b_h3 = tl.load(p_dht + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    NT = tl.cdiv(L, BT)
     p_doz = doz + bos * H + i_h  # the sequence's first token, this head
     p_z = dzt + i_nh.to(tl.int64) * K + o_k
     o_z = tl.arange(0, 16)
@@ -210,7 +211,10 @@ def chunk_additive_none_after_ones_float32_state_bwd(
         b_z2 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z + 2 * BK, mask=(o_k < K - 2 * BK), other=0.).to(tl.float32)[:, None]
     if KB > 3 * BK:
         b_z3 = tl.zeros([BK, 16], dtype=tl.float32) + tl.load(p_z + 3 * BK, mask=(o_k < K - 3 * BK), other=0.).to(tl.float32)[:, None]
-    NT = tl.cdiv(L, BT)
+    # the normaliser's output gradient, loaded one chunk ahead: the pipeliner leaves a load that feeds no dot directly
+    # synchronous, a stall on global memory in each of the walk's dependent steps (bench/sm90.py's sync column)
+    o_last = (NT - 1) * BT + o_t  # the last chunk's rows (negative for an empty sequence: loaded as none)
+    b_dozn = tl.load(p_doz + tl.cast((NT - 1) * BT, tl.int64) * H + o_t * H, mask=(o_last >= 0) & (o_last < L), other=0.)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
         r = tl.cast(i_t * BT, tl.int64) * H
@@ -218,7 +222,8 @@ def chunk_additive_none_after_ones_float32_state_bwd(
         p_dhs = dhs + ((boc + i_t) * H + i_h) * K * V
         b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
         p_dzs = dzs + ((boc + i_t) * H + i_h) * K + o_k
-        b_doz = tl.load(p_doz + r + o_t * H, mask=m_t, other=0.).to(tl.float32)  # [BT]
+        b_doz = b_dozn.to(tl.float32)  # [BT]
+        b_dozn = tl.load(p_doz + r - BT * H + o_t * H, mask=(i_t - 1) * BT + o_t >= 0, other=0.)  # the chunk before
         b_one = (tl.zeros([BT, 16], dtype=tl.float32) + (b_doz)[:, None]).to(b_do.dtype)  # [BT, 16] doz as a value column, weighed as do's
         tl.store(p_dhs + s_kv, b_h0.to(dhs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
