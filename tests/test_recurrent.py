@@ -270,18 +270,14 @@ def test_compiles_for_the_gpu_without_spills():
 def test_states_in_place_overwrite_the_initial_state(launches):
     """Under runtime.scan.STATES_IN_PLACE (Layer.decoder's capture) the kernel writes the final state over the caller's
     float32 initial state: the same tensor comes back, holding what a fresh one would."""
-    from lamixer.runtime.scan import STATES_IN_PLACE
+    from lamixer.runtime.scan import states_in_place
 
     m = lamixer.load("gated_deltanet")
     tensors, states = random_call(m, T=3, H=2, seed=6, dtype=torch.float32)
     ref = run(m, tensors, states, "interpret")
     h0 = states[0].clone()
-    token = STATES_IN_PLACE.set(True)
-    try:
-        with torch.no_grad():
-            o, final = m(**tensors, initial_state=h0, output_final_state=True, backend="triton")
-    finally:
-        STATES_IN_PLACE.reset(token)
+    with states_in_place(), torch.no_grad():
+        o, final = m(**tensors, initial_state=h0, output_final_state=True, backend="triton")
     assert final.data_ptr() == h0.data_ptr() and rel_rms(final, ref[1][0]) < 1e-6 and rel_rms(o, ref[0]) < 1e-6
 
 

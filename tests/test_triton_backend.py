@@ -277,7 +277,7 @@ def test_decoding_step_fused_by_torch_compile(name, monkeypatch):
     bonus) runs under torch.compile on a fusing device: the same output and final state as unfused, bit for bit, and
     under STATES_IN_PLACE (a graphed decoder's) the state is written over the initial one, through the custom op that
     says so (CPU standing in for the GPU, aot_eager)."""
-    from lamixer.runtime.scan import STATES_IN_PLACE
+    from lamixer.runtime.scan import states_in_place
 
     monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
     monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
@@ -290,12 +290,8 @@ def test_decoding_step_fused_by_torch_compile(name, monkeypatch):
         for in_place in (False, True):
             for _ in range(2 if fused else 1):  # a signature's first call runs unfused
                 h0 = [s.clone() for s in states]
-                token = STATES_IN_PLACE.set(in_place)
-                try:
-                    with torch.no_grad():
-                        o, finals = m(**tensors, initial_state=h0, output_final_state=True, backend="triton")
-                finally:
-                    STATES_IN_PLACE.reset(token)
+                with states_in_place(in_place), torch.no_grad():
+                    o, finals = m(**tensors, initial_state=h0, output_final_state=True, backend="triton")
             assert [f.data_ptr() == h.data_ptr() for f, h in zip(finals, h0)] == [in_place] * len(h0), (fused, in_place)
             results[fused, in_place] = (o, finals)
     keys = [k for memo in _memos(m) for k in memo if isinstance(k, tuple) and k[0] == "fused"]

@@ -28,7 +28,7 @@ from . import ops
 from .call import check_cu_seqlens
 from .carry import Window
 from .errors import ArgumentError, LamixerError
-from .scan import STATES_IN_PLACE
+from .scan import states_in_place
 
 NORM_EPS = 1e-5
 SHIFT = "@shift"  # the token shift's cache in LayerState.conv (no input can be named so)
@@ -413,15 +413,11 @@ class GraphedDecoder:
 
     def _advance(self) -> None:
         """One step of self.x into self.y and self.state (what the graph captures)."""
-        token = STATES_IN_PLACE.set(True)  # the mixer's recurrent kernel updates self.state's tensors itself
-        try:
-            with torch.no_grad():
-                self.y, new = self.layer.step(self.x, self.state)
-                for mine, theirs in zip(_tensors(self.state), _tensors(new)):
-                    if mine.data_ptr() != theirs.data_ptr():  # the rest (conv caches, position, fused states)
-                        mine.copy_(theirs)
-        finally:
-            STATES_IN_PLACE.reset(token)
+        with states_in_place(), torch.no_grad():  # the mixer's recurrent kernel updates self.state's tensors itself
+            self.y, new = self.layer.step(self.x, self.state)
+            for mine, theirs in zip(_tensors(self.state), _tensors(new)):
+                if mine.data_ptr() != theirs.data_ptr():  # the rest (conv caches, position, fused states)
+                    mine.copy_(theirs)
 
     def reset(self, state: LayerState | None = None) -> None:
         """Start over from `state` (zeros when None) for the next step."""

@@ -16,6 +16,7 @@ the functions here are the ones that see their boundaries.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import math
@@ -190,6 +191,16 @@ def _block_attention(q, k, v, size: int, scale: float) -> torch.Tensor:
 # float32, contiguous state is updated in place (Layer.decoder's CUDA graph holds its state so, with no copy back per
 # step). Each program of the kernel reads its block of the state before it writes it.
 STATES_IN_PLACE = contextvars.ContextVar("lamixer_states_in_place", default=False)
+
+
+@contextlib.contextmanager
+def states_in_place(on: bool = True):
+    """Within it, STATES_IN_PLACE is `on`."""
+    token = STATES_IN_PLACE.set(on)
+    try:
+        yield
+    finally:
+        STATES_IN_PLACE.reset(token)
 
 
 @dataclass(frozen=True)
