@@ -1,11 +1,12 @@
-"""Time the delta rule's prepare kernel alone: the forward's (the chunk's triangular solve, W and U0) and the backward's
-rerun (W and U0 from the stored T), with its error against float64 and its registers.
+"""Time the delta rule's solve and prepare kernels alone: the forward's (the chunk's triangular solve, W and U0, and under
+a per-key decay the read's scores) and the backward's rerun (W and U0 from the stored T), with their error against
+float64 and their registers.
 
     python bench/prepare_probe.py [--configs scalar:64,key:32] [--out FILE]
 
 B = 4, T = 8192, H = 16, K = V = 128, bf16 on the GPU: DeltaNet's operands (a = beta k, c = -k, b = beta v, unit keys,
 beta in (0, 1)) under a scalar or per-key log-sigmoid decay. Off the GPU (TRITON_INTERPRET=1) it checks the same at
-B = 1, T = 128, H = 1 in float32, untimed. The kernel is launched as kernels/delta.py's _forward launches it, with the
+B = 1, T = 128, H = 1 in float32, untimed. The kernels are launched through kernels/delta.py's _prepare, with the
 configuration's default warps and stages.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import triton
 
 from lamixer.kernels import delta
 from lamixer.kernels.config import Config, delta_default_config
-from lamixer.kernels.launch import acc_precision, diagonal_span, launch_args, pow2
+from lamixer.kernels.launch import acc_precision
 
 GPU = not os.environ.get("TRITON_INTERPRET")
 
@@ -52,23 +53,10 @@ def probe(decay: str, BT: int, B: int, T: int, H: int, D: int) -> dict:
     a, c, b = (beta * k).to(lp), (-k).to(lp), (beta * v).to(lp)
     g = F.logsigmoid(torch.randn(B, T, H, *((D,) if decay == "key" else ()), device=dev) + 2)
     mod = delta._module(decay, "after", False, torch.float32)
-    kernel = getattr(mod, f"{mod.NAME}_prepare_kernel")
     cfg = Config(BT, *delta_default_config(decay, D, D).as_list()[1:])
-    NC = T // BT
 
     def launch(tm=None):
-        solve = tm is None
-        tm = torch.empty(B, T, H, BT, dtype=lp, device=dev) if solve else tm
-        w, u = torch.empty(B, T, H, D, dtype=lp, device=dev), torch.empty(B, T, H, D, dtype=lp, device=dev)
-        ad = gl = None
-        if decay == "key":
-            ad, gl = torch.empty_like(w, dtype=torch.float32), torch.empty(B * NC, H, D, dtype=torch.float32, device=dev)
-        kernel[(NC, B * H)](
-            a, c, b, g, tm, w, u, ad, gl, None, None, T, H=H, K=D, V=D, BT=BT, BV=max(delta.CHUNK_BLOCK, min(cfg.BV, pow2(D))),
-            IS_VARLEN=False, BK=min(cfg.BK, pow2(D)), SOLVE=solve, SPAN=diagonal_span(lp), PRECISION="ieee",
-            ACC_PRECISION=acc_precision(torch.float32), SOLVE_PRECISION=acc_precision(torch.float32, delta.SOLVE_HALF) if GPU else "ieee",
-            **launch_args(cfg),
-        )  # fmt: skip
+        tm, _, w, u, *_ = delta._prepare(mod, a, None, a, b, c, g, torch.float32, None, decay, cfg, acc_precision(torch.float32), tm)
         return tm, w, u
 
     tm, w, u = launch()
@@ -77,7 +65,8 @@ def probe(decay: str, BT: int, B: int, T: int, H: int, D: int) -> dict:
     if GPU:
         row["solve_us"] = round(triton.testing.do_bench(launch, warmup=20, rep=200) * 1e3, 1)
         row["rerun_us"] = round(triton.testing.do_bench(lambda: launch(tm), warmup=20, rep=200) * 1e3, 1)
-        compiled = list(kernel.device_caches[torch.cuda.current_device()][0].values())
+        kernels = [getattr(mod, f"{mod.NAME}_{k}") for k in ("solve_kernel", "prepare_kernel") if hasattr(mod, f"{mod.NAME}_{k}")]
+        compiled = [x for k in kernels for x in k.device_caches[torch.cuda.current_device()][0].values()]
         row["regs_spills_shared"] = [(x.n_regs, x.n_spills, x.metadata.shared) for x in compiled]
     return row
 

@@ -153,29 +153,40 @@ def test_half_precision_errors_stay_at_the_formats_level(name):
     assert not bad, bad
 
 
-def test_the_forward_keeps_each_chunks_inverse_for_the_backward():
+@pytest.mark.parametrize("decay", ["scalar", "key"])
+def test_the_forward_keeps_each_chunks_inverse_for_the_backward(decay):
     """delta_scan's third output is T = (I - M)^-1 per chunk (M_ij = c_i . a_j exp(B_i - B_j), i > j, within a chunk
-    of 16, the last one short); the backward reads it instead of solving again: a wrong T changes its gradients."""
+    of 16, the last one short), its fourth, under a per-key decay, the read's scores A_ij = q_i . a_j exp(B_i - B_j),
+    j <= i (empty for a scalar decay, whose kernels recompute them); the backward reads both instead of making them
+    again: a wrong T or A changes its gradients."""
     torch.manual_seed(0)
     B, T, H, K, BT = 1, 40, 2, 8, 16
     q, a, b, c = (torch.randn(B, T, H, K, dtype=torch.float64) * 0.5 for _ in range(4))
-    g = -torch.rand(B, T, H, dtype=torch.float64)
+    g = -torch.rand(B, T, H, *((K,) if decay == "key" else ()), dtype=torch.float64)
     h0 = torch.zeros(B, H, K, K, dtype=torch.float64)
     cfg = Config(BT, 16, 16, 4, 1).as_list()
-    o, ht, tm = triton_delta.delta_scan(q, None, a, b, c, g, h0, None, "scalar", "after", cfg)
+    o, ht, tm, sc = triton_delta.delta_scan(q, None, a, b, c, g, h0, None, decay, "after", cfg)
+    assert sc.numel() == (tm.numel() if decay == "key" else 0)
+    gk = (g[..., None] if decay == "scalar" else g).expand(B, T, H, K)
     for start in range(0, T, BT):
         rows = slice(start, min(start + BT, T))
         n = rows.stop - start
-        Bc = g[0, rows].cumsum(0)  # [n, H]
+        Bc = gk[0, rows].cumsum(0)  # [n, H, K]
+        # x_i . a_j exp(B_i - B_j) for every pair of the chunk's tokens, per head
+        M, A = (torch.einsum("ihk,jhk->hij", x[0, rows] * Bc.exp(), a[0, rows] * (-Bc).exp()) for x in (c, q))
         for h in range(H):
-            M = (c[0, rows, h] @ a[0, rows, h].T) * torch.exp(Bc[:, h, None] - Bc[None, :, h])
             Tm = tm[0, rows, h, :n]
-            assert torch.allclose(Tm @ (torch.eye(n, dtype=M.dtype) - M.tril(-1)), torch.eye(n, dtype=M.dtype), atol=1e-12)
+            assert torch.allclose(Tm @ (torch.eye(n, dtype=M.dtype) - M[h].tril(-1)), torch.eye(n, dtype=M.dtype), atol=1e-12)
+            if decay == "key":
+                assert torch.allclose(sc[0, rows, h, :n], A[h].tril(), atol=1e-12)
     do, dht = torch.randn_like(o), torch.randn_like(ht)
-    grads = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm, do, dht, "scalar", "after", cfg)
-    wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm * 0.5, do, dht, "scalar", "after", cfg)
+    grads = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm, sc, do, dht, decay, "after", cfg)
+    wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm * 0.5, sc, do, dht, decay, "after", cfg)
     assert all(torch.isfinite(x).all() for x in grads)
     assert not torch.allclose(grads[1], wrong[1])
+    if decay == "key":
+        wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm, sc * 0.5, do, dht, decay, "after", cfg)
+        assert not torch.allclose(grads[2], wrong[2])  # db = T^T (A^T dO + ...)
 
 
 @pytest.mark.parametrize("name", DELTA, ids=os.path.basename)
@@ -199,7 +210,7 @@ def test_the_solve_holds_float32_where_its_powers_cancel(decay, BT):
     a, c, b = beta * k, -k, torch.randn(B, T, H, K)
     g = torch.full((B, T, H) + ((K,) if decay == "key" else ()), -1e-3)
     mod = triton_delta._module(decay, "after", False, torch.float32)
-    tm = triton_delta._forward(mod, a, b, c, g, torch.zeros(B, H, K, K), None, decay, Config(BT, 64, 16, 4, 1), False, "ieee")[0]
+    tm = triton_delta._forward(mod, a, None, a, b, c, g, torch.zeros(B, H, K, K), None, decay, Config(BT, 64, 16, 4, 1), False, "ieee")[0]
     gk = (g[..., None] if decay == "scalar" else g).double().expand(B, T, H, K).cumsum(1)
     worst = 0.0
     for s in range(0, T, BT):  # each chunk's own inverse, its decays from the chunk's start

@@ -3,22 +3,135 @@
 import triton
 import triton.language as tl
 
+# whether the solve kernel stores the read's scores for the output and dV kernels (the host allocates them)
+KEEPS_SCORES = True
+
+
+@triton.jit(do_not_specialize=["T"])
+def scan_delta_key_after_float32_solve_kernel(
+    q, qs, a, c, g, tm, sc, cu_seqlens, chunk_indices, T,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
+):
+    """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT], and the read's scores A (on the read mask, summed over the key
+    blocks in the accumulator and rounded to the inputs' dtype, as the output kernel's product rounds them) into sc
+    [B, T, H, BT]: M's strips and A's share their write side. One program per (chunk, sequence x head); key blocks of
+    BK in a loop. The prepare kernel then takes W and U0 one block per program.
+    """
+    i_c, i_x = tl.program_id(0), tl.program_id(1)
+    if IS_VARLEN:
+        i_h = i_x
+        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
+        i_t = tl.load(chunk_indices + i_c * 2 + 1)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        i_n, i_h = i_x // H, i_x % H
+        i_t = i_c
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+    L = eos - bos
+    o_t = tl.arange(0, BT)
+    t = bos + i_t * BT + o_t  # [BT] token rows, int64
+    m_t = i_t * BT + o_t < L
+    m_s = o_t[:, None] > o_t[None, :]
+    b_M = tl.zeros([BT, BT], dtype=tl.float32)
+    m_r = o_t[:, None] >= o_t[None, :]
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+            b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
+        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+        b_B = tl.cumsum(b_g, axis=0)
+        b_E = b_B
+        y_ = b_a
+        b_Mk = tl.zeros([BT, BT], dtype=tl.float32)
+        b_Ak = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_s in tl.static_range(BT // 16):
+            b_P = tl.sum(tl.where(o_t[:, None] == i_s * 16 - 1, b_B, 0.), axis=0)  # [BK] the log decay before strip i_s
+            m_i = (o_t // 16) == i_s  # [BT] its rows
+            diagonal = tl.max(tl.max(tl.where(m_i[:, None], b_P[None, :] - b_B, 0.), axis=1), axis=0) < SPAN
+            m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
+            b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
+            # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
+            # in the dot (causal.jinja)
+            b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
+            b_yw = tl.trans((y_ * b_ey).to(a.dtype.element_ty))
+            b_Mk += tl.dot((b_c * tl.where(m_i[:, None], tl.exp(b_B - b_P[None, :]), 0.)).to(a.dtype.element_ty), b_yw, input_precision=PRECISION)
+            b_Ak += tl.dot((b_q * tl.where(m_i[:, None], tl.exp(b_E - b_P[None, :]), 0.)).to(a.dtype.element_ty), b_yw, input_precision=PRECISION)
+            if not diagonal:
+                for jj in range(0, 16):
+                    j = i_s * 16 + jj
+                    m_c = o_t == j
+                    b_yj = tl.sum(tl.where(m_c[:, None], y_, 0.), axis=0)  # [BK]
+                    b_Bj = tl.sum(tl.where(m_c[:, None], b_B, 0.), axis=0)  # [BK]
+                    b_Mk += tl.where(m_c[None, :], tl.sum(b_c * b_yj[None, :] * tl.exp(tl.where((m_i & (o_t >= j))[:, None], b_B - b_Bj[None, :], float("-inf"))), axis=1)[:, None], 0.)
+                    b_Ak += tl.where(m_c[None, :], tl.sum(b_q * b_yj[None, :] * tl.exp(tl.where((m_i & (o_t >= j))[:, None], b_E - b_Bj[None, :], float("-inf"))), axis=1)[:, None], 0.)
+        b_Mk = tl.where(m_s, b_Mk, 0.)  # [BT, BT]
+        b_Ak = tl.where(m_r, b_Ak, 0.)  # [BT, BT]
+        b_A += b_Ak
+        b_M += b_Mk
+    # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
+    # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
+    # weigh a later NaN by 0 (causal.jinja)
+    bad_m = True
+    i_first = tl.full([], BT, dtype=tl.int32)  # the first row of M not finite
+    if bad_m:
+        i_first = tl.min(tl.min(tl.where(tl.abs(b_M) < float("inf"), BT, o_t[:, None]), axis=0), axis=0)
+        b_M = tl.where(tl.abs(b_M) < float("inf"), b_M, 0.)
+    # T = (I - M)^-1. First D^-1, D = I - M on the 16-token diagonal blocks, all BT / 16 of them at once in
+    # registers: M's own blocks as a [BT / 16, 16, 16] tile L (M reshaped to [BT / 16, 16, BT / 16, 16], the
+    # diagonal of its block axes), then (I - L)^-1 = (I + L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0) in six batched
+    # dots at ACC_PRECISION: about float32's precision, where forward substitution row by row took 15 dependent
+    # steps (bench/results/NOTES.md, the solve's forms). The powers' rounding grows where they cancel: float32's
+    # relative error in D^-1 is 4e-8 for random unit keys, 1.2e-4 for sixteen equal keys at beta 0.99.
+    # With N = M off the blocks, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly block-lower, so X^4 = 0
+    # for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X). Those products run at SOLVE_PRECISION: tf32 where every
+    # use of T rounds it to the inputs' half type (`mm` under `lowp`), whose rounding is four times tf32's; else
+    # ACC_PRECISION.
+    m_d = (o_t // 16)[:, None] == (o_t // 16)[None, :]
+    o_c = tl.arange(0, 16)
+    m_n = (tl.arange(0, BT // 16)[:, None] == tl.arange(0, BT // 16)[None, :])[:, None, :, None]  # a block's own
+    b_L = tl.sum(tl.where(m_n, tl.reshape(b_M, [BT // 16, 16, BT // 16, 16]), 0.), axis=2)  # [BT / 16, 16, 16]
+    b_Tb = b_L + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)[None, :, :]
+    for _ in tl.static_range(3):
+        b_L = tl.dot(b_L, b_L, input_precision=ACC_PRECISION)
+        b_Tb += tl.dot(b_Tb, b_L, input_precision=ACC_PRECISION)
+    b_T = tl.reshape(tl.where(m_n, b_Tb[:, :, None, :], 0.), [BT, BT])  # D^-1 [BT, BT]
+    if BT > 16:
+        b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=SOLVE_PRECISION)
+        b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
+        if BT > 32:
+            b_X = tl.dot(b_X, b_X, input_precision=SOLVE_PRECISION)
+            b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
+    if bad_m:
+        b_T = tl.where(o_t[:, None] >= i_first, float("nan"), b_T)
+    tl.store(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
+    tl.store(sc + (t[:, None] * H + i_h) * BT + o_t[None, :], b_A.to(sc.dtype.element_ty), mask=m_t[:, None])
+
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_prepare_kernel(
     a, c, b, g, tm, w, u0, ad, gl, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
-    SOLVE_PRECISION: tl.constexpr,
+    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
-    """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT] (SOLVE; else read from tm, as the forward left it),
-    W = T (c e^B) into w [B, T, H, K], U0 = T b into u0 [B, T, H, V]; the write keys weighed to the
-    chunk's end, a e^R, into ad [B, T, H, K] and the chunk's whole log decay into gl [chunks, H, K], which the state
-    passes read rather than summing the decays again on their sequential path.
+    """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V]; the
+    write keys weighed to the chunk's end, a e^R, into ad [B, T, H, K] and the chunk's whole log decay into gl
+    [chunks, H, K], which the state passes read rather than summing the decays again on their sequential path.
 
-    One program per (chunk, sequence x head); key blocks of BK and value blocks of BV in loops.
+    SOLVE: the program solves for T (into tm), else reads it from tm (as the solve kernel or the forward left it).
+    SPLIT: one program per block of a chunk, the first cdiv(K, BK) its key blocks, the rest its value blocks of BV (not
+    with SOLVE); else one program per (chunk, sequence x head) takes every block in turn. CAUSAL: the forward's
+    products, causal for non-finite values (causal.jinja); the backward's rerun need not be.
     """
-    i_c, i_x = tl.program_id(0), tl.program_id(1)
+    i_p, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -47,27 +160,26 @@ def scan_delta_key_after_float32_prepare_kernel(
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
-            lhs_, y_ = b_B, b_a
+            y_ = b_a
             b_Mk = tl.zeros([BT, BT], dtype=tl.float32)
             for i_s in tl.static_range(BT // 16):
                 b_P = tl.sum(tl.where(o_t[:, None] == i_s * 16 - 1, b_B, 0.), axis=0)  # [BK] the log decay before strip i_s
                 m_i = (o_t // 16) == i_s  # [BT] its rows
                 diagonal = tl.max(tl.max(tl.where(m_i[:, None], b_P[None, :] - b_B, 0.), axis=1), axis=0) < SPAN
                 m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
-                b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
                 b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
                 # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
                 # in the dot (causal.jinja)
                 b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
-                b_Mk += tl.dot((b_c * b_ex).to(a.dtype.element_ty), tl.trans((b_a * b_ey).to(a.dtype.element_ty)), input_precision=PRECISION)
+                b_yw = tl.trans((y_ * b_ey).to(a.dtype.element_ty))
+                b_Mk += tl.dot((b_c * tl.where(m_i[:, None], tl.exp(b_B - b_P[None, :]), 0.)).to(a.dtype.element_ty), b_yw, input_precision=PRECISION)
                 if not diagonal:
                     for jj in range(0, 16):
                         j = i_s * 16 + jj
                         m_c = o_t == j
                         b_yj = tl.sum(tl.where(m_c[:, None], y_, 0.), axis=0)  # [BK]
                         b_Bj = tl.sum(tl.where(m_c[:, None], b_B, 0.), axis=0)  # [BK]
-                        b_w = tl.exp(tl.where((m_i & (o_t >= j))[:, None], lhs_ - b_Bj[None, :], float("-inf")))  # [BT, BK]
-                        b_Mk += tl.where(m_c[None, :], tl.sum(b_c * b_yj[None, :] * b_w, axis=1)[:, None], 0.)
+                        b_Mk += tl.where(m_c[None, :], tl.sum(b_c * b_yj[None, :] * tl.exp(tl.where((m_i & (o_t >= j))[:, None], b_B - b_Bj[None, :], float("-inf"))), axis=1)[:, None], 0.)
             b_Mk = tl.where(m_s, b_Mk, 0.)  # [BT, BT]
             b_M += b_Mk
         # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
@@ -108,46 +220,88 @@ def scan_delta_key_after_float32_prepare_kernel(
         tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
     else:
         b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
-        b_B = tl.cumsum(b_g, axis=0)
-        b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
-        b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
-        b_x = (b_c * tl.exp(b_B))  # [BT, BK]
-        if SOLVE:  # the forward, causal for non-finite values (causal.jinja); the backward's rerun need not be
-            bad = True
-            first = tl.full([BK], BT, dtype=tl.int32)
-            if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
-                first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
-                b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
-            b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-            if bad:
-                b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+    if SPLIT:
+        if i_p < tl.cdiv(K, BK):
+            o_k = (i_p) * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+            b_B = tl.cumsum(b_g, axis=0)
+            b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
+            b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
+            b_x = (b_c * tl.exp(b_B))  # [BT, BK]
+            if CAUSAL:
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first = tl.full([BK], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
+                    first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+                b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+                if bad:
+                    b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+            else:
+                b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            tl.store(gl + (i_ct * H + i_h) * K + o_k, b_last, mask=m_k)
         else:
-            b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-        tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-        tl.store(gl + (i_ct * H + i_h) * K + o_k, b_last, mask=m_k)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v < V)[None, :]
-        b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        if SOLVE:
-            bad = True
-            first = tl.full([BV], BT, dtype=tl.int32)
-            if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
-                first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
-                b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
-            b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-            if bad:
-                b_u0 = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_u0)
-        else:
-            b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-        tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
+            o_v = (i_p - tl.cdiv(K, BK)) * BV + tl.arange(0, BV)
+            m_tv = m_t[:, None] & (o_v < V)[None, :]
+            b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
+            if CAUSAL:
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first_v = tl.full([BV], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+                    first_v = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+                b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+                if bad:
+                    b_u0 = tl.where(o_t[:, None] >= first_v[None, :], float("nan"), b_u0)
+            else:
+                b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
+    else:
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = (i_k) * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+            b_B = tl.cumsum(b_g, axis=0)
+            b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
+            b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
+            b_x = (b_c * tl.exp(b_B))  # [BT, BK]
+            if CAUSAL:
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first = tl.full([BK], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
+                    first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+                b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+                if bad:
+                    b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+            else:
+                b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            tl.store(gl + (i_ct * H + i_h) * K + o_k, b_last, mask=m_k)
+        for i_v in range(0, tl.cdiv(V, BV)):
+            o_v = (i_v) * BV + tl.arange(0, BV)
+            m_tv = m_t[:, None] & (o_v < V)[None, :]
+            b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
+            if CAUSAL:
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first_v = tl.full([BV], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+                    first_v = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+                b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+                if bad:
+                    b_u0 = tl.where(o_t[:, None] >= first_v[None, :], float("nan"), b_u0)
+            else:
+                b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -254,11 +408,12 @@ def scan_delta_key_after_float32_state_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_output_kernel(
-    q, qs, a, g, h, u, o, cu_seqlens, chunk_indices, T,
+    q, qs, a, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """o = (q e^E) S0 + A U per chunk. One program per (value block, chunk, sequence x head); key blocks in a loop."""
+    """o = (q e^E) S0 + A U per chunk, A as the solve kernel stored it (sc). One program per (value block, chunk, sequence x head); key blocks
+    in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
@@ -280,46 +435,21 @@ def scan_delta_key_after_float32_output_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
     m_tv = m_t[:, None] & m_v[None, :]
-    m_r = o_t[:, None] >= o_t[None, :]
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    b_A = tl.load(sc + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
     b_o = tl.zeros([BT, BV], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-            b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
+            b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
-        lhs_, y_ = b_E, b_a
-        b_Ak = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_s in tl.static_range(BT // 16):
-            b_P = tl.sum(tl.where(o_t[:, None] == i_s * 16 - 1, b_B, 0.), axis=0)  # [BK] the log decay before strip i_s
-            m_i = (o_t // 16) == i_s  # [BT] its rows
-            diagonal = tl.max(tl.max(tl.where(m_i[:, None], b_P[None, :] - b_B, 0.), axis=1), axis=0) < SPAN
-            m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
-            b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
-            b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
-            # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
-            # in the dot (causal.jinja)
-            b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
-            b_Ak += tl.dot((b_q * b_ex).to(a.dtype.element_ty), tl.trans((b_a * b_ey).to(a.dtype.element_ty)), input_precision=PRECISION)
-            if not diagonal:
-                for jj in range(0, 16):
-                    j = i_s * 16 + jj
-                    m_c = o_t == j
-                    b_yj = tl.sum(tl.where(m_c[:, None], y_, 0.), axis=0)  # [BK]
-                    b_Bj = tl.sum(tl.where(m_c[:, None], b_B, 0.), axis=0)  # [BK]
-                    b_w = tl.exp(tl.where((m_i & (o_t >= j))[:, None], lhs_ - b_Bj[None, :], float("-inf")))  # [BT, BK]
-                    b_Ak += tl.where(m_c[None, :], tl.sum(b_q * b_yj[None, :] * b_w, axis=1)[:, None], 0.)
-        b_Ak = tl.where(m_r, b_Ak, 0.)  # [BT, BT]
-        b_A += b_Ak
         b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-        b_o += tl.dot((b_q * tl.exp(b_E)).to(b_a.dtype), b_h.to(b_a.dtype), input_precision=PRECISION)
+        b_o += tl.dot((b_q * tl.exp(b_E)).to(q.dtype.element_ty), b_h.to(q.dtype.element_ty), input_precision=PRECISION)
     b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
-    bad = True
+    bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_u.dtype), b_u, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
     first = tl.full([BV], BT, dtype=tl.int32)
     if bad:  # a NaN or inf among the chunk's b_u (causal.jinja)
         first = tl.min(tl.where(tl.abs(b_u) < float("inf"), BT, o_t[:, None]), axis=0)
@@ -332,11 +462,11 @@ def scan_delta_key_after_float32_output_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_bwd_dv_kernel(
-    q, qs, a, g, do, du, cu_seqlens, chunk_indices, T,
+    q, qs, a, g, sc, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
-    """The chunk-local part of dU: A^T dO into du [B, T, H, V]. One program per (chunk, sequence x head)."""
+    """The chunk-local part of dU: A^T dO into du [B, T, H, V], A as the forward's solve kernel stored it (sc). One program per (chunk, sequence x head)."""
     i_c, i_x = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
         i_h = i_x
@@ -353,41 +483,7 @@ def scan_delta_key_after_float32_bwd_dv_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    m_r = o_t[:, None] >= o_t[None, :]
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-            b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
-        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
-        b_B = tl.cumsum(b_g, axis=0)
-        b_E = b_B
-        lhs_, y_ = b_E, b_a
-        b_Ak = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_s in tl.static_range(BT // 16):
-            b_P = tl.sum(tl.where(o_t[:, None] == i_s * 16 - 1, b_B, 0.), axis=0)  # [BK] the log decay before strip i_s
-            m_i = (o_t // 16) == i_s  # [BT] its rows
-            diagonal = tl.max(tl.max(tl.where(m_i[:, None], b_P[None, :] - b_B, 0.), axis=1), axis=0) < SPAN
-            m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
-            b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
-            b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
-            # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
-            # in the dot (causal.jinja)
-            b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
-            b_Ak += tl.dot((b_q * b_ex).to(a.dtype.element_ty), tl.trans((b_a * b_ey).to(a.dtype.element_ty)), input_precision=PRECISION)
-            if not diagonal:
-                for jj in range(0, 16):
-                    j = i_s * 16 + jj
-                    m_c = o_t == j
-                    b_yj = tl.sum(tl.where(m_c[:, None], y_, 0.), axis=0)  # [BK]
-                    b_Bj = tl.sum(tl.where(m_c[:, None], b_B, 0.), axis=0)  # [BK]
-                    b_w = tl.exp(tl.where((m_i & (o_t >= j))[:, None], lhs_ - b_Bj[None, :], float("-inf")))  # [BT, BK]
-                    b_Ak += tl.where(m_c[None, :], tl.sum(b_q * b_yj[None, :] * b_w, axis=1)[:, None], 0.)
-        b_Ak = tl.where(m_r, b_Ak, 0.)  # [BT, BT]
-        b_A += b_Ak
+    b_A = tl.load(sc + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < V)[None, :]
@@ -609,7 +705,7 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-        b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
+        b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
@@ -647,18 +743,18 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     # after d(log decay)'s terms are taken. The writes' part of sum_v dS_end * S_end: the other writes' reach.
     m_last = o_t == tl.minimum(L - i_t * BT, BT) - 1
     b_xs = tl.sum(tl.where(m_last[:, None], 0., b_a.to(tl.float32) * b_da), axis=0)  # [BK]
-    lhs_, y_ = b_B, b_a
+    y_ = b_a
     b_dm = tl.where(m_s, b_dM, 0.)  # [BT, BT]
     for i_s in range(0, BT // 16):  # not unrolled: the gradient kernel holds the most (bench/results/NOTES.md)
         b_P = tl.sum(tl.where(o_t[:, None] == i_s * 16 - 1, b_B, 0.), axis=0)  # [BK] the log decay before strip i_s
         m_i = (o_t // 16) == i_s  # [BT] its rows
         diagonal = tl.max(tl.max(tl.where(m_i[:, None], b_P[None, :] - b_B, 0.), axis=1), axis=0) < SPAN
         m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
-        b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
         b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
         # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
         # in the dot (causal.jinja)
         b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
+        b_ex = tl.where(m_i[:, None], tl.exp(b_B - b_P[None, :]), 0.)
         b_ds = tl.where(m_i[:, None] & m_j[None, :], b_dm, 0.)
         b_dc += b_ex * tl.dot((b_ds).to(a.dtype.element_ty), (b_a * b_ey).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_da += b_ey * tl.dot((tl.trans(b_ds)).to(a.dtype.element_ty), (b_c * b_ex).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
@@ -668,23 +764,22 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
                 m_c = o_t == j
                 b_yj = tl.sum(tl.where(m_c[:, None], y_, 0.), axis=0)  # [BK]
                 b_Bj = tl.sum(tl.where(m_c[:, None], b_B, 0.), axis=0)  # [BK]
-                b_w = tl.exp(tl.where((m_i & (o_t >= j))[:, None], lhs_ - b_Bj[None, :], float("-inf")))  # [BT, BK]
                 b_dj = tl.sum(tl.where(m_c[None, :], b_dm, 0.), axis=1)  # [BT] d[:, j]
-                b_xw = b_dj[:, None] * b_w  # [BT, BK]
+                b_xw = b_dj[:, None] * tl.exp(tl.where((m_i & (o_t >= j))[:, None], b_B - b_Bj[None, :], float("-inf")))  # [BT, BK]
                 b_dc += b_xw * b_yj[None, :]
                 b_da += tl.where(m_c[:, None], tl.sum(b_xw * b_c, axis=0)[None, :], 0.)
-    lhs_, y_ = b_E, b_a
+    y_ = b_a
     b_dm = tl.where(m_r & ~(o_t[:, None] == o_t[None, :]), b_dA, 0.)  # [BT, BT]
     for i_s in range(0, BT // 16):  # not unrolled: the gradient kernel holds the most (bench/results/NOTES.md)
         b_P = tl.sum(tl.where(o_t[:, None] == i_s * 16 - 1, b_B, 0.), axis=0)  # [BK] the log decay before strip i_s
         m_i = (o_t // 16) == i_s  # [BT] its rows
         diagonal = tl.max(tl.max(tl.where(m_i[:, None], b_P[None, :] - b_B, 0.), axis=1), axis=0) < SPAN
         m_j = o_t < (i_s + diagonal.to(tl.int32)) * 16  # [BT] the rows the dot takes
-        b_ex = tl.where(m_i[:, None], tl.exp(lhs_ - b_P[None, :]), 0.)  # [BT, BK]
         b_ey = tl.where(m_j[:, None], tl.exp(b_P[None, :] - b_B), 0.)
         # finite: a non-finite log decay before the strip (P) must not reach other strips' rows, through their zero rows
         # in the dot (causal.jinja)
         b_ey = tl.where(tl.abs(b_ey) < float("inf"), b_ey, 0.)
+        b_ex = tl.where(m_i[:, None], tl.exp(b_E - b_P[None, :]), 0.)
         b_ds = tl.where(m_i[:, None] & m_j[None, :], b_dm, 0.)
         b_dq += b_ex * tl.dot((b_ds).to(a.dtype.element_ty), (b_a * b_ey).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_da += b_ey * tl.dot((tl.trans(b_ds)).to(a.dtype.element_ty), (b_q * b_ex).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
@@ -694,9 +789,8 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
                 m_c = o_t == j
                 b_yj = tl.sum(tl.where(m_c[:, None], y_, 0.), axis=0)  # [BK]
                 b_Bj = tl.sum(tl.where(m_c[:, None], b_B, 0.), axis=0)  # [BK]
-                b_w = tl.exp(tl.where((m_i & (o_t >= j))[:, None], lhs_ - b_Bj[None, :], float("-inf")))  # [BT, BK]
                 b_dj = tl.sum(tl.where(m_c[None, :], b_dm, 0.), axis=1)  # [BT] d[:, j]
-                b_xw = b_dj[:, None] * b_w  # [BT, BK]
+                b_xw = b_dj[:, None] * tl.exp(tl.where((m_i & (o_t >= j))[:, None], b_E - b_Bj[None, :], float("-inf")))  # [BT, BK]
                 b_dq += b_xw * b_yj[None, :]
                 b_da += tl.where(m_c[:, None], tl.sum(b_xw * b_q, axis=0)[None, :], 0.)
     p_k = (t[:, None] * H + i_h) * K + o_k[None, :]

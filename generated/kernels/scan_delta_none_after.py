@@ -3,20 +3,25 @@
 import triton
 import triton.language as tl
 
+# whether the solve kernel stores the read's scores for the output and dV kernels (the host allocates them)
+KEEPS_SCORES = False
+
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_prepare_kernel(
     a, c, b, g, tm, w, u0, ad, gl, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
-    SOLVE_PRECISION: tl.constexpr,
+    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
-    """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT] (SOLVE; else read from tm, as the forward left it),
-    W = T (c e^B) into w [B, T, H, K], U0 = T b into u0 [B, T, H, V].
+    """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V].
 
-    One program per (chunk, sequence x head); key blocks of BK and value blocks of BV in loops.
+    SOLVE: the program solves for T (into tm), else reads it from tm (as the solve kernel or the forward left it).
+    SPLIT: one program per block of a chunk, the first cdiv(K, BK) its key blocks, the rest its value blocks of BV (not
+    with SOLVE); else one program per (chunk, sequence x head) takes every block in turn. CAUSAL: the forward's
+    products, causal for non-finite values (causal.jinja); the backward's rerun need not be.
     """
-    i_c, i_x = tl.program_id(0), tl.program_id(1)
+    i_p, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
         i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
@@ -81,39 +86,74 @@ def scan_delta_none_after_float32_prepare_kernel(
         tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
     else:
         b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]
-    for i_k in range(0, tl.cdiv(K, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < K
-        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_x = b_c.to(tl.float32)  # [BT, BK]
-        if SOLVE:  # the forward, causal for non-finite values (causal.jinja); the backward's rerun need not be
-            bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
-            first = tl.full([BK], BT, dtype=tl.int32)
-            if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
-                first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
-                b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
-            b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-            if bad:
-                b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+    if SPLIT:
+        if i_p < tl.cdiv(K, BK):
+            o_k = (i_p) * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_x = b_c.to(tl.float32)  # [BT, BK]
+            if CAUSAL:
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first = tl.full([BK], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
+                    first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+                b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+                if bad:
+                    b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+            else:
+                b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
         else:
-            b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-        tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v < V)[None, :]
-        b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        if SOLVE:
-            bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
-            first = tl.full([BV], BT, dtype=tl.int32)
-            if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
-                first = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
-                b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
-            b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-            if bad:
-                b_u0 = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_u0)
-        else:
-            b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-        tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
+            o_v = (i_p - tl.cdiv(K, BK)) * BV + tl.arange(0, BV)
+            m_tv = m_t[:, None] & (o_v < V)[None, :]
+            b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
+            if CAUSAL:
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first_v = tl.full([BV], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+                    first_v = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+                b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+                if bad:
+                    b_u0 = tl.where(o_t[:, None] >= first_v[None, :], float("nan"), b_u0)
+            else:
+                b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
+    else:
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = (i_k) * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_x = b_c.to(tl.float32)  # [BT, BK]
+            if CAUSAL:
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first = tl.full([BK], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
+                    first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+                b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+                if bad:
+                    b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+            else:
+                b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+        for i_v in range(0, tl.cdiv(V, BV)):
+            o_v = (i_v) * BV + tl.arange(0, BV)
+            m_tv = m_t[:, None] & (o_v < V)[None, :]
+            b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
+            if CAUSAL:
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first_v = tl.full([BV], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+                    first_v = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+                b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+                if bad:
+                    b_u0 = tl.where(o_t[:, None] >= first_v[None, :], float("nan"), b_u0)
+            else:
+                b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -205,11 +245,12 @@ def scan_delta_none_after_float32_state_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_output_kernel(
-    q, qs, a, g, h, u, o, cu_seqlens, chunk_indices, T,
+    q, qs, a, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """o = (q e^E) S0 + A U per chunk. One program per (value block, chunk, sequence x head); key blocks in a loop."""
+    """o = (q e^E) S0 + A U per chunk. One program per (value block, chunk, sequence x head); key blocks
+    in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
@@ -240,11 +281,11 @@ def scan_delta_none_after_float32_output_kernel(
         b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-            b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
+            b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_Ak = tl.where(m_r, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
         b_A += b_Ak
         b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-        b_o += tl.dot(b_q.to(tl.float32).to(b_a.dtype), b_h.to(b_a.dtype), input_precision=PRECISION)
+        b_o += tl.dot(b_q.to(tl.float32).to(q.dtype.element_ty), b_h.to(q.dtype.element_ty), input_precision=PRECISION)
     b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
     bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_u.dtype), b_u, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
     first = tl.full([BV], BT, dtype=tl.int32)
@@ -259,7 +300,7 @@ def scan_delta_none_after_float32_output_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_bwd_dv_kernel(
-    q, qs, a, g, do, du, cu_seqlens, chunk_indices, T,
+    q, qs, a, g, sc, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
@@ -288,7 +329,7 @@ def scan_delta_none_after_float32_bwd_dv_kernel(
         b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-            b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
+            b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_Ak = tl.where(m_r, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
         b_A += b_Ak
     for i_v in range(0, tl.cdiv(V, BV)):
@@ -441,7 +482,7 @@ def scan_delta_none_after_float32_bwd_grad_kernel(
     b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-        b_q = (b_q * tl.load(qs + i_h)).to(b_a.dtype)
+        b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_T = tl.load(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)  # dO S0^T
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T

@@ -21,12 +21,13 @@ from .loader import kernels
 FAMILY = "scan_delta"
 
 
-KERNELS = ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_dgs_kernel", "bwd_grad_kernel")
+KERNELS = ("solve_kernel", "prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_dgs_kernel", "bwd_grad_kernel")
 
 
 def kernel_names(decay: str) -> list[str]:
-    """The kernels a delta scan with this decay renders, in launch order (no decay: no d(log decay) terms)."""
-    return [k for k in KERNELS if decay != "none" or k != "bwd_dgs_kernel"]
+    """The kernels a delta scan with this decay renders, in launch order (no decay: no d(log decay) terms; a solve
+    kernel only where the read's scores are kept, under a decay along the key dim: decay/key.jinja)."""
+    return [k for k in KERNELS if (decay != "none" or k != "bwd_dgs_kernel") and (decay == "key" or k != "solve_kernel")]
 
 
 CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
@@ -48,44 +49,73 @@ UPDATE = "tf32"
 CHUNK_BLOCK = 64
 
 
-def _forward(mod, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None):
-    """The prepare kernel and the state pass: (T, W, U, the weighed write keys of a per-key decay (else None), states at
-    chunk starts, final state, chunk layout).
+def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Config, precision: str, tm: torch.Tensor | None = None):
+    """The solve and prepare kernels: (T, the read's scores where the kernels keep them (else an empty tensor), W, U0,
+    the weighed write keys and the chunks' log decays of a per-key decay (else None), the number of chunks, and the
+    chunk layout with the launch shapes)).
 
-    tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's), else solved."""
+    tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's): then neither T
+    nor the scores are made again (the scores come back empty)."""
     B, T, H, K = a.shape
     V = b.shape[-1]
-    N = B if cu is None else len(cu) - 1
-    BT, BV, BW = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, pow2(V))), min(c_cfg.BW, pow2(V))
+    BT, BV = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, pow2(V)))
     BK = min(c_cfg.BK, pow2(K))  # the key block of the per-chunk kernels (the state pass: state_key_block)
-    acc = h0.dtype
     varlen = cu is not None
     NC, indices, offsets = chunks(cu, B, T, BT)
-    grid_chunks = (cdiv(T, BT), N * H) if not varlen else (NC, H)
-    solve = tm is None
-    if solve:  # in the inputs' dtype: every use of T rounds it to that (the template's `mm`)
+    grid_chunks = (cdiv(T, BT), B * H) if not varlen else (NC, H)
+    forward = tm is None
+    sc = a.new_empty(0)
+    shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
+    solving = dict(SPAN=diagonal_span(a.dtype), PRECISION="ieee", ACC_PRECISION=precision,
+                   SOLVE_PRECISION=precision if a.dtype == acc else acc_precision(acc, SOLVE_HALF))  # fmt: skip
+    if forward:  # T in the inputs' dtype: every use of it (and of the scores) rounds it to that (the template's `mm`)
         tm = torch.empty(B, T, H, BT, dtype=a.dtype, device=a.device)
+    # the prepare kernel solves for T itself unless the solve kernel does (making the read's scores beside T) or the
+    # forward did
+    solve = forward and not mod.KEEPS_SCORES
+    if forward and mod.KEEPS_SCORES:
+        sc = torch.empty_like(tm)
+        getattr(mod, f"{mod.NAME}_solve_kernel")[grid_chunks](
+            q, qs, a, c, g, tm, sc, cu, indices, T, H=H, K=K, BT=BT, BK=BK, USE_QS=qs is not None, IS_VARLEN=varlen,
+            **solving, **launch_args(c_cfg),
+        )  # fmt: skip
     w = torch.empty(B, T, H, K, dtype=a.dtype, device=a.device)
-    u = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
+    u0 = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
     # a per-key decay's write keys weighed to the chunk's end (float32: UPDATE_PRECISION's operands) and the chunks'
     # log decays
     ad, gl = None, None
     if decay == "key":
         ad, gl = torch.empty_like(w, dtype=acc), torch.empty(NC, H, K, dtype=acc, device=a.device)
-    shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
-    getattr(mod, f"{mod.NAME}_prepare_kernel")[grid_chunks](
-        a, c, b, g, tm, w, u, ad, gl, cu, indices, T, BK=BK, SOLVE=solve, SPAN=diagonal_span(a.dtype), PRECISION="ieee", ACC_PRECISION=precision,
-        SOLVE_PRECISION=precision if a.dtype == acc else acc_precision(acc, SOLVE_HALF), **shapes,
+    # a per-key decay's blocks each make their own decay terms (cumsums and exps along the key block): one program per
+    # block; the other decays' blocks are a product each, sharing the chunk's terms, so one program takes a chunk's
+    # blocks in turn (one per block was 25 us slower in gated_deltanet's and deltanet's backward: bench/results/NOTES.md)
+    split = decay == "key" and not solve
+    parts = cdiv(K, BK) + cdiv(V, BV) if split else 1
+    getattr(mod, f"{mod.NAME}_prepare_kernel")[(parts, *grid_chunks)](
+        a, c, b, g, tm, w, u0, ad, gl, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split, CAUSAL=forward, **solving, **shapes,
     )  # fmt: skip
+    return tm, sc, w, u0, ad, gl, NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
+
+
+def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None):
+    """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, the weighed write keys of a
+    per-key decay (else None), states at chunk starts, final state, chunk layout)."""
+    tm, sc, w, u, ad, gl, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm)
+    B, T, H, K = a.shape
+    V = b.shape[-1]
+    N = B if cu is None else len(cu) - 1
+    BW = min(c_cfg.BW, pow2(V))
+    acc = h0.dtype
+    _, _, offsets, shapes = layout
     h = torch.empty(NC, H, K, V, dtype=a.dtype, device=a.device)
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
-        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, BK=state_key_block(K), STORE_HT=store_ht, ACC_PRECISION=precision,
+        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, STORE_HT=store_ht, ACC_PRECISION=precision,
         UPDATE_PRECISION=precision if a.dtype == acc else acc_precision(acc, UPDATE),
-        **dict(shapes, BV=BW, num_stages=state_stages(a.dtype, K)),
+        **dict(shapes, BK=state_key_block(K), BV=BW, num_stages=state_stages(a.dtype, K)),
     )  # fmt: skip
-    return tm, w, u, ad, h, ht, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
+    return tm, sc, w, u, ad, h, ht, layout
 
 
 def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
@@ -95,22 +125,23 @@ def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
 
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
-                   erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
-    the chunks' T = (I - M)^-1 [B, T, H, BT], kept for the backward so that it does not solve again). erase_before:
+    the chunks' T = (I - M)^-1 [B, T, H, BT] and the read's scores [B, T, H, BT] where the kernels keep them (else
+    empty), both kept for the backward so that it does not make them again). erase_before:
     the erase reads S_{t-1} instead (S_{t-1}^T c_t, the generalized delta rule).
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
-    tm, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, decay, cfg, True, acc_precision(h0.dtype))
+    tm, sc, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, True, acc_precision(h0.dtype))
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
-        q, qs, a, g, h, u, o, cu_seqlens, indices, T, USE_QS=qs is not None, SPAN=diagonal_span(a.dtype), PRECISION="ieee", **shapes,
+        q, qs, a, g, h, u, sc, o, cu_seqlens, indices, T, USE_QS=qs is not None, SPAN=diagonal_span(a.dtype), PRECISION="ieee", **shapes,
     )  # fmt: skip
-    return o, ht, tm
+    return o, ht, tm, sc
 
 
 delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward, mutates_args=())
@@ -120,11 +151,13 @@ delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward,
 def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), a.new_empty(B, T, H, Config.from_list(cfg).BT)
+    tm = a.new_empty(B, T, H, Config.from_list(cfg).BT)
+    sc = torch.empty_like(tm) if _module(decay, read, erase_before, h0.dtype).KEEPS_SCORES else a.new_empty(0)
+    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), tm, sc
 
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
+                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, sc: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
                     decay: str, read: str, cfg: list[int],
                     erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
@@ -132,7 +165,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = acc_precision(acc)
-    _, w, u, ad, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, a, b, c, g, h0, cu_seqlens, decay, cfg, False, precision, tm)
+    _, _, w, u, ad, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False, precision, tm)
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -142,7 +175,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
     # dU as the intermediates are kept (the template's header): in the inputs' dtype, in float32 under a per-key decay
     du = torch.empty(B, T, H, V, dtype=acc if decay == "key" else a.dtype, device=a.device)
-    getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, do, du, cu_seqlens, indices, T, SPAN=diagonal_span(a.dtype), **common)
+    getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, sc, do, du, cu_seqlens, indices, T, SPAN=diagonal_span(a.dtype), **common)
     dh = torch.empty_like(h)
     # a per-key decay's reverse pass pipelines its decay tiles too: one stage fewer fits a Hopper block's shared memory
     dh0 = torch.empty_like(h0)
@@ -225,25 +258,25 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 
 
 @delta_scan_backward.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, do, dht, decay, read, cfg, erase_before=False):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False):
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
     q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before = inputs
-    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2])
+    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2], output[3])
     ctx.config = (decay, read, cfg, erase_before)
 
 
 def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
-    q, qs, a, b, c, g, h0, cu_seqlens, tm = ctx.saved_tensors
-    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, do, dht, *ctx.config)
+    q, qs, a, b, c, g, h0, cu_seqlens, tm, sc = ctx.saved_tensors
+    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, *ctx.config)
     return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None
 
 
-def _backward(ctx, do, dht, _dtm):
+def _backward(ctx, do, dht, _dtm, _dsc):
     return _grads(ctx, do, dht, delta_scan_backward)
 
 
@@ -256,8 +289,8 @@ class _EagerDeltaScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *inputs):
-        o, ht, tm = _delta_forward(*inputs)
-        _setup_context(ctx, inputs, (o, ht, tm))
+        o, ht, tm, sc = _delta_forward(*inputs)
+        _setup_context(ctx, inputs, (o, ht, tm, sc))
         return o, ht
 
     @staticmethod
