@@ -125,9 +125,11 @@ def test_tuning_a_delta_spec_stores_under_its_kernel(tmp_path, monkeypatch):
     choose.forget()
 
 
-def test_torch_compile_fullgraph_traces_the_delta_scan():
-    """The scan and its backward are custom ops with fake implementations: a traced call equals the eager one."""
-    m = lamixer.load("gated_deltanet")
+@pytest.mark.parametrize("name", ["gated_deltanet", "kda"])
+def test_torch_compile_fullgraph_traces_the_delta_scan(name):
+    """The scan and its backward are custom ops with fake implementations: a traced call equals the eager one (kda: the
+    scan keeps the read's scores, an output more, for its backward)."""
+    m = lamixer.load(name)
     tensors, _ = random_call(m, T=20, H=2, size=SIZE, dtype=torch.float32, initial_state=False, seed=3)
     eager = {k: v.clone().requires_grad_() for k, v in tensors.items()}
     o, _ = m(**eager, backend="triton")
