@@ -2,7 +2,7 @@
 
     python bench/probe.py --specs gla,simple_gla --configs "64,64,128,4,2,32;64,32,128,4,2,32" [--T 8192] [--fla]
 
-Each configuration (autotune.Config as BT,BV,BK,num_warps,num_stages,split[,BW,BG,warps_grad]) is first checked against
+Each configuration (kernels.config.Config as BT,BV,BK,num_warps,num_stages[,BW,BG,warps_grad]) is first checked against
 the torch backend at a small shape (fp32), then timed at B*T = 32768, H = 16, D = 128, bf16 (forward
 and forward+backward), then profiled once (torch.profiler: GPU time per kernel name). With --fla the
 spec's FLA competitor is timed and profiled the same way. Writes $OUT (or bench/results)/probe.json.

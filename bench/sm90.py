@@ -154,7 +154,7 @@ def main():
     ap.add_argument("--dtypes", default="bfloat16")
     ap.add_argument("--T", type=int, default=150)
     ap.add_argument("--D", type=int, default=128)
-    ap.add_argument("--config", default="", help="BT,BV,BK,warps,stages,split[,BW,BG,warps_grad] for every scan (default: each one's own)")
+    ap.add_argument("--config", default="", help="BT,BV,BK,warps,stages[,BW,BG,warps_grad] for every scan (default: each one's own)")
     args = ap.parse_args()
     if args.config:
         from lamixer.backends import triton as triton_backend
