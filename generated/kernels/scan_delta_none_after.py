@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 # whether the solve kernel stores the read's scores for the output and dV kernels (the host allocates them)
-KEEPS_SCORES = False
+SCORES_KEPT = False
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -72,8 +72,8 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
         tm = torch.empty(B, T, H, BT, dtype=a.dtype, device=a.device)
     # the prepare kernel solves for T itself unless the solve kernel does (making the read's scores beside T) or the
     # forward did
-    solve = forward and not mod.KEEPS_SCORES
-    if forward and mod.KEEPS_SCORES:
+    solve = forward and not mod.SCORES_KEPT
+    if forward and mod.SCORES_KEPT:
         sc = torch.empty_like(tm)
         getattr(mod, f"{mod.NAME}_solve_kernel")[grid_chunks](
             q, qs, a, c, g, tm, sc, cu, indices, T, H=H, K=K, BT=BT, BK=BK, USE_QS=qs is not None, IS_VARLEN=varlen,
@@ -152,7 +152,7 @@ def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     tm = a.new_empty(B, T, H, Config.from_list(cfg).BT)
-    sc = torch.empty_like(tm) if _module(decay, read, erase_before, h0.dtype).KEEPS_SCORES else a.new_empty(0)
+    sc = torch.empty_like(tm) if _module(decay, read, erase_before, h0.dtype).SCORES_KEPT else a.new_empty(0)
     return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), tm, sc
 
 
