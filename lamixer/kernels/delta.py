@@ -52,7 +52,7 @@ CHUNK_BLOCK = 64
 def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Config, precision: str, tm: torch.Tensor | None = None):
     """The solve and prepare kernels: (T, the read's scores where the kernels keep them (else an empty tensor), W, U0,
     the weighed write keys and the chunks' log decays of a per-key decay (else None), the number of chunks, and the
-    chunk layout with the launch shapes)).
+    chunk layout with the launch shapes).
 
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's): then neither T
     nor the scores are made again (the scores come back empty)."""
