@@ -312,7 +312,7 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
 def scan_delta_key_after_erase_before_float32_state_kernel(
     a, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr, UPDATE_PRECISION: tl.constexpr,
+    STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The sequential pass: the state entering every chunk into h [chunks, H, K, V], U = U0 + W S0 into u,
     the final state into ht. One program per (value block, sequence x head), the state as key blocks of BK rows
@@ -383,22 +383,22 @@ def scan_delta_key_after_erase_before_float32_state_kernel(
         b_aT = tl.trans(tl.load(ad + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         b_gl = b_gln0
         b_gln0 = tl.load(gl + ((c0 + i_t + 1) * H + i_h) * K + o_k, mask=(o_k < K) & ((i_t + 1) * BT < L), other=0.)
-        b_h0 = b_h0 * tl.exp(b_gl)[:, None] + tl.dot(b_aT.to(tl.float32), b_u, input_precision=UPDATE_PRECISION)
+        b_h0 = b_h0 * tl.exp(b_gl)[:, None] + tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 1 * BK:
             b_aT = tl.trans(tl.load(ad + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             b_gl = b_gln1
             b_gln1 = tl.load(gl + ((c0 + i_t + 1) * H + i_h) * K + 1 * BK + o_k, mask=(o_k < K - 1 * BK) & ((i_t + 1) * BT < L), other=0.)
-            b_h1 = b_h1 * tl.exp(b_gl)[:, None] + tl.dot(b_aT.to(tl.float32), b_u, input_precision=UPDATE_PRECISION)
+            b_h1 = b_h1 * tl.exp(b_gl)[:, None] + tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 2 * BK:
             b_aT = tl.trans(tl.load(ad + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             b_gl = b_gln2
             b_gln2 = tl.load(gl + ((c0 + i_t + 1) * H + i_h) * K + 2 * BK + o_k, mask=(o_k < K - 2 * BK) & ((i_t + 1) * BT < L), other=0.)
-            b_h2 = b_h2 * tl.exp(b_gl)[:, None] + tl.dot(b_aT.to(tl.float32), b_u, input_precision=UPDATE_PRECISION)
+            b_h2 = b_h2 * tl.exp(b_gl)[:, None] + tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 3 * BK:
             b_aT = tl.trans(tl.load(ad + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             b_gl = b_gln3
             b_gln3 = tl.load(gl + ((c0 + i_t + 1) * H + i_h) * K + 3 * BK + o_k, mask=(o_k < K - 3 * BK) & ((i_t + 1) * BT < L), other=0.)
-            b_h3 = b_h3 * tl.exp(b_gl)[:, None] + tl.dot(b_aT.to(tl.float32), b_u, input_precision=UPDATE_PRECISION)
+            b_h3 = b_h3 * tl.exp(b_gl)[:, None] + tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
         tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])

@@ -160,7 +160,7 @@ def scan_delta_none_after_float32_prepare_kernel(
 def scan_delta_none_after_float32_state_kernel(
     a, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr, UPDATE_PRECISION: tl.constexpr,
+    STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The sequential pass: the state entering every chunk into h [chunks, H, K, V], U = U0 + W S0 into u,
     the final state into ht. One program per (value block, sequence x head), the state as key blocks of BK rows

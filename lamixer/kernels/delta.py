@@ -37,13 +37,6 @@ CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, 
 SOLVE_HALF = "tf32"
 
 
-# the state update's product under a per-key decay (decay/key.jinja's delta_update) for half-precision inputs: float32
-# operands at tf32, since its rounding reaches d(log decay), whose terms cancel (bench/results/NOTES.md, "The delta rule
-# under a per-key decay"); float32 inputs keep ACC_PRECISION there, as SOLVE_HALF leaves them theirs: at tf32 their
-# d(log decay) would lose float32's precision to the same cancellation
-UPDATE = "tf32"
-
-
 # the per-chunk kernels' narrowest value block (prepare, output, A^T dO): Triton 3.6's code for narrower ones faulted on
 # the H200 (illegal memory accesses the interpreter's bounds check does not find: bench/results/NOTES.md)
 CHUNK_BLOCK = 64
@@ -81,11 +74,10 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
         )  # fmt: skip
     w = torch.empty(B, T, H, K, dtype=a.dtype, device=a.device)
     u0 = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
-    # a per-key decay's write keys weighed to the chunk's end (float32: UPDATE_PRECISION's operands) and the chunks'
-    # log decays
+    # a per-key decay's write keys weighed to the chunk's end (in the inputs' dtype, as W) and the chunks' log decays
     ad, gl = None, None
     if decay == "key":
-        ad, gl = torch.empty_like(w, dtype=acc), torch.empty(NC, H, K, dtype=acc, device=a.device)
+        ad, gl = torch.empty_like(w), torch.empty(NC, H, K, dtype=acc, device=a.device)
     # a per-key decay's blocks each make their own decay terms (cumsums and exps along the key block): one program per
     # block; the other decays' blocks are a product each, sharing the chunk's terms, so one program takes a chunk's
     # blocks in turn (one per block was 25 us slower in gated_deltanet's and deltanet's backward: bench/results/NOTES.md)
@@ -112,7 +104,6 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
         a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, STORE_HT=store_ht, ACC_PRECISION=precision,
-        UPDATE_PRECISION=precision if a.dtype == acc else acc_precision(acc, UPDATE),
         **dict(shapes, BK=state_key_block(K), BV=BW, num_stages=state_stages(a.dtype, K)),
     )  # fmt: skip
     return tm, sc, w, u, ad, h, ht, layout
@@ -173,8 +164,8 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     NV = cdiv(V, BW)
     do, dht = do.contiguous(), dht.contiguous()
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
-    # dU as the intermediates are kept (the template's header): in the inputs' dtype, in float32 under a per-key decay
-    du = torch.empty(B, T, H, V, dtype=acc if decay == "key" else a.dtype, device=a.device)
+    # dU in the inputs' dtype, as the other intermediates (the template's header)
+    du = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, sc, do, du, cu_seqlens, indices, T, SPAN=diagonal_span(a.dtype), **common)
     dh = torch.empty_like(h)
     # a per-key decay's reverse pass pipelines its decay tiles too: one stage fewer fits a Hopper block's shared memory
