@@ -5,6 +5,8 @@ import triton.language as tl
 
 # whether the solve kernel stores the read's scores for the output and dV kernels (the host allocates them)
 SCORES_KEPT = True
+# whether the backward's prepare kernel stores the weighed queries for the reverse pass (the host allocates them)
+READS_WEIGHED = True
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -118,9 +120,10 @@ def scan_delta_key_after_erase_before_float32_solve_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_erase_before_float32_prepare_kernel(
-    a, c, b, g, tm, w, u0, ad, gl, cu_seqlens, chunk_indices, T,
+    a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, USE_QS: tl.constexpr,
+    SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
     PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V]; the
@@ -131,6 +134,8 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
     SPLIT: one program per block of a chunk, the first cdiv(K, BK) its key blocks, the rest its value blocks of BV (not
     with SOLVE); else one program per (chunk, sequence x head) takes every block in turn. CAUSAL: the forward's
     products, causal for non-finite values (causal.jinja); the backward's rerun need not be.
+    WEIGH_READS (the backward's rerun): the key blocks also store the queries weighed from the chunk's start, q e^E,
+    into qd [B, T, H, K] for the reverse pass.
     """
     i_p, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -229,6 +234,7 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
+            b_E = b_B
             b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
             b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
             b_Bc = b_B - b_g  # the erase reads the state before its token's decay: the decays through the token before
@@ -248,6 +254,11 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
             b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
             tl.store(gl + (i_ct * H + i_h) * K + o_k, b_last, mask=m_k)
+            if WEIGH_READS:
+                b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+                    b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
+                tl.store(qd + (t[:, None] * H + i_h) * K + o_k[None, :], (b_q * tl.exp(b_E)).to(qd.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
         else:
             o_v = (i_p - tl.cdiv(K, BK)) * BV + tl.arange(0, BV)
             m_tv = m_t[:, None] & (o_v < V)[None, :]
@@ -271,6 +282,7 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
+            b_E = b_B
             b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
             b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
             b_Bc = b_B - b_g  # the erase reads the state before its token's decay: the decays through the token before
@@ -290,6 +302,11 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
             b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
             tl.store(gl + (i_ct * H + i_h) * K + o_k, b_last, mask=m_k)
+            if WEIGH_READS:
+                b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+                    b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
+                tl.store(qd + (t[:, None] * H + i_h) * K + o_k[None, :], (b_q * tl.exp(b_E)).to(qd.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
         for i_v in range(0, tl.cdiv(V, BV)):
             o_v = (i_v) * BV + tl.arange(0, BV)
             m_tv = m_t[:, None] & (o_v < V)[None, :]
@@ -352,12 +369,13 @@ def scan_delta_key_after_erase_before_float32_state_kernel(
         b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 3 * BK:
         b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    # the first chunk's whole decay per key block, loaded one chunk ahead: the pipeliner leaves a load that feeds no dot
-    # synchronous, a stall on global memory in each of the pass's dependent steps (bench/sm90.py's sync column)
-    b_gln0 = tl.load(gl + (c0 * H + i_h) * K + o_k, mask=(o_k < K) & (L > 0), other=0.)  # [BK]
-    b_gln1 = tl.load(gl + (c0 * H + i_h) * K + 1 * BK + o_k, mask=(o_k < K - 1 * BK) & (L > 0), other=0.)  # [BK]
-    b_gln2 = tl.load(gl + (c0 * H + i_h) * K + 2 * BK + o_k, mask=(o_k < K - 2 * BK) & (L > 0), other=0.)  # [BK]
-    b_gln3 = tl.load(gl + (c0 * H + i_h) * K + 3 * BK + o_k, mask=(o_k < K - 3 * BK) & (L > 0), other=0.)  # [BK]
+    # the first chunk's whole decay per key block (the last chunk's, reverse), loaded one chunk ahead: the pipeliner
+    # leaves a load that feeds no dot synchronous, a stall on global memory in each of the pass's dependent steps
+    # (bench/sm90.py's sync column)
+    b_gln0 = tl.load(gl + ((c0) * H + i_h) * K + o_k, mask=(o_k < K) & (L > 0), other=0.)  # [BK]
+    b_gln1 = tl.load(gl + ((c0) * H + i_h) * K + 1 * BK + o_k, mask=(o_k < K - 1 * BK) & (L > 0), other=0.)  # [BK]
+    b_gln2 = tl.load(gl + ((c0) * H + i_h) * K + 2 * BK + o_k, mask=(o_k < K - 2 * BK) & (L > 0), other=0.)  # [BK]
+    b_gln3 = tl.load(gl + ((c0) * H + i_h) * K + 3 * BK + o_k, mask=(o_k < K - 3 * BK) & (L > 0), other=0.)  # [BK]
     for i_t in range(0, tl.cdiv(L, BT)):
         r = tl.cast(i_t * BT, tl.int64) * H
         m_t = i_t * BT + o_t < L
@@ -498,7 +516,7 @@ def scan_delta_key_after_erase_before_float32_bwd_dv_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_erase_before_float32_bwd_dh_kernel(
-    q, qs, a, ad, g, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
+    q, qs, a, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
@@ -540,6 +558,14 @@ def scan_delta_key_after_erase_before_float32_bwd_dh_kernel(
         if K > 3 * BK:
             b_h3 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
     NT = tl.cdiv(L, BT).to(tl.int32)  # int32 chunk offsets, as block pointers take them
+    # the first chunk's whole decay per key block (the last chunk's, reverse), loaded one chunk ahead: the pipeliner
+    # leaves a load that feeds no dot synchronous, a stall on global memory in each of the pass's dependent steps
+    # (bench/sm90.py's sync column)
+    o_k = tl.arange(0, BK)  # (the reverse pass's tiles come through block pointers: no offsets of its own)
+    b_gln0 = tl.load(gl + ((c0 + tl.cdiv(L, BT) - 1) * H + i_h) * K + o_k, mask=(o_k < K) & (L > 0), other=0.)  # [BK]
+    b_gln1 = tl.load(gl + ((c0 + tl.cdiv(L, BT) - 1) * H + i_h) * K + 1 * BK + o_k, mask=(o_k < K - 1 * BK) & (L > 0), other=0.)  # [BK]
+    b_gln2 = tl.load(gl + ((c0 + tl.cdiv(L, BT) - 1) * H + i_h) * K + 2 * BK + o_k, mask=(o_k < K - 2 * BK) & (L > 0), other=0.)  # [BK]
+    b_gln3 = tl.load(gl + ((c0 + tl.cdiv(L, BT) - 1) * H + i_h) * K + 3 * BK + o_k, mask=(o_k < K - 3 * BK) & (L > 0), other=0.)  # [BK]
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
         p_dh = dh + ((c0 + i_t) * H + i_h) * K * V
@@ -570,52 +596,40 @@ def scan_delta_key_after_erase_before_float32_bwd_dh_kernel(
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-        b_gk = tl.load(tl.make_block_ptr(g, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-        b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
-        b_B = tl.cumsum(b_g, axis=0)
-        b_E = b_B
-        b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
+        b_last = b_gln0
+        b_gln0 = tl.load(gl + ((c0 + i_t - 1) * H + i_h) * K + o_k, mask=(o_k < K) & (i_t > 0), other=0.)
         b_h0 = b_h0 * tl.exp(b_last)[:, None]
-        b_h0 += tl.dot((tl.trans((b_q * tl.exp(b_E)))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_h0 += tl.dot((tl.trans(b_q)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_h0 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 1 * BK:
             b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_gk = tl.load(tl.make_block_ptr(g, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
-            b_B = tl.cumsum(b_g, axis=0)
-            b_E = b_B
-            b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
+            b_last = b_gln1
+            b_gln1 = tl.load(gl + ((c0 + i_t - 1) * H + i_h) * K + 1 * BK + o_k, mask=(o_k < K - 1 * BK) & (i_t > 0), other=0.)
             b_h1 = b_h1 * tl.exp(b_last)[:, None]
-            b_h1 += tl.dot((tl.trans((b_q * tl.exp(b_E)))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_h1 += tl.dot((tl.trans(b_q)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             b_h1 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 2 * BK:
             b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_gk = tl.load(tl.make_block_ptr(g, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
-            b_B = tl.cumsum(b_g, axis=0)
-            b_E = b_B
-            b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
+            b_last = b_gln2
+            b_gln2 = tl.load(gl + ((c0 + i_t - 1) * H + i_h) * K + 2 * BK + o_k, mask=(o_k < K - 2 * BK) & (i_t > 0), other=0.)
             b_h2 = b_h2 * tl.exp(b_last)[:, None]
-            b_h2 += tl.dot((tl.trans((b_q * tl.exp(b_E)))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_h2 += tl.dot((tl.trans(b_q)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             b_h2 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 3 * BK:
             b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_gk = tl.load(tl.make_block_ptr(g, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
-            b_g = tl.maximum(b_gk.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)
-            b_B = tl.cumsum(b_g, axis=0)
-            b_E = b_B
-            b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
+            b_last = b_gln3
+            b_gln3 = tl.load(gl + ((c0 + i_t - 1) * H + i_h) * K + 3 * BK + o_k, mask=(o_k < K - 3 * BK) & (i_t > 0), other=0.)
             b_h3 = b_h3 * tl.exp(b_last)[:, None]
-            b_h3 += tl.dot((tl.trans((b_q * tl.exp(b_E)))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_h3 += tl.dot((tl.trans(b_q)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             b_h3 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     p_dh0 = dh0 + i_nh.to(tl.int64) * K * V
     tl.store(tl.make_block_ptr(p_dh0, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh0.dtype.element_ty), boundary_check=(0, 1))

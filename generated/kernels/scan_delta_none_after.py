@@ -5,13 +5,16 @@ import triton.language as tl
 
 # whether the solve kernel stores the read's scores for the output and dV kernels (the host allocates them)
 SCORES_KEPT = False
+# whether the backward's prepare kernel stores the weighed queries for the reverse pass (the host allocates them)
+READS_WEIGHED = False
 
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_prepare_kernel(
-    a, c, b, g, tm, w, u0, ad, gl, cu_seqlens, chunk_indices, T,
+    a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, USE_QS: tl.constexpr,
+    SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
     PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V].
@@ -342,7 +345,7 @@ def scan_delta_none_after_float32_bwd_dv_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_bwd_dh_kernel(
-    q, qs, a, ad, g, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
+    q, qs, a, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     USE_QS: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):

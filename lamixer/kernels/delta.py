@@ -44,11 +44,12 @@ CHUNK_BLOCK = 64
 
 def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Config, precision: str, tm: torch.Tensor | None = None):
     """The solve and prepare kernels: (T, the read's scores where the kernels keep them (else an empty tensor), W, U0,
-    the weighed write keys and the chunks' log decays of a per-key decay (else None), the number of chunks, and the
-    chunk layout with the launch shapes).
+    what a per-key decay's sequential passes read (else Nones): the weighed write keys, the chunks' log decays and, in
+    the backward, the weighed queries, then the number of chunks, and the chunk layout with the launch shapes).
 
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's): then neither T
-    nor the scores are made again (the scores come back empty)."""
+    nor the scores are made again (the scores come back empty), and the queries are weighed where the kernels read them
+    so (READS_WEIGHED)."""
     B, T, H, K = a.shape
     V = b.shape[-1]
     BT, BV = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, pow2(V)))
@@ -74,25 +75,31 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
         )  # fmt: skip
     w = torch.empty(B, T, H, K, dtype=a.dtype, device=a.device)
     u0 = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
-    # a per-key decay's write keys weighed to the chunk's end (in the inputs' dtype, as W) and the chunks' log decays
-    ad, gl = None, None
+    # a per-key decay's write keys weighed to the chunk's end (in the inputs' dtype, as W), the chunks' log decays and
+    # for the reverse pass the queries weighed from the chunk's start
+    ad, gl, qd = None, None, None
     if decay == "key":
         ad, gl = torch.empty_like(w), torch.empty(NC, H, K, dtype=acc, device=a.device)
+    weigh_reads = not forward and mod.READS_WEIGHED
+    if weigh_reads:
+        qd = torch.empty_like(q)
     # a per-key decay's blocks each make their own decay terms (cumsums and exps along the key block): one program per
     # block; the other decays' blocks are a product each, sharing the chunk's terms, so one program takes a chunk's
     # blocks in turn (one per block was 25 us slower in gated_deltanet's and deltanet's backward: bench/results/NOTES.md)
     split = decay == "key" and not solve
     parts = cdiv(K, BK) + cdiv(V, BV) if split else 1
     getattr(mod, f"{mod.NAME}_prepare_kernel")[(parts, *grid_chunks)](
-        a, c, b, g, tm, w, u0, ad, gl, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split, CAUSAL=forward, **solving, **shapes,
+        a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split, CAUSAL=forward,
+        WEIGH_READS=weigh_reads, USE_QS=qs is not None, **solving, **shapes,
     )  # fmt: skip
-    return tm, sc, w, u0, ad, gl, NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
+    return tm, sc, w, u0, (ad, gl, qd), NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
 def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None):
-    """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, the weighed write keys of a
-    per-key decay (else None), states at chunk starts, final state, chunk layout)."""
-    tm, sc, w, u, ad, gl, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm)
+    """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, what a per-key decay's
+    sequential passes read (_prepare's), states at chunk starts, final state, chunk layout)."""
+    tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm)
+    ad, gl, _ = reach
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
@@ -106,7 +113,7 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht
         a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, STORE_HT=store_ht, ACC_PRECISION=precision,
         **dict(shapes, BK=state_key_block(K), BV=BW, num_stages=state_stages(a.dtype, K)),
     )  # fmt: skip
-    return tm, sc, w, u, ad, h, ht, layout
+    return tm, sc, w, u, reach, h, ht, layout
 
 
 def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
@@ -156,7 +163,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = acc_precision(acc)
-    _, _, w, u, ad, h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False, precision, tm)
+    _, _, w, u, (ad, gl, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False, precision, tm)
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -168,11 +175,12 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     du = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, sc, do, du, cu_seqlens, indices, T, SPAN=diagonal_span(a.dtype), **common)
     dh = torch.empty_like(h)
-    # a per-key decay's reverse pass pipelines its decay tiles too: one stage fewer fits a Hopper block's shared memory
     dh0 = torch.empty_like(h0)
+    # the reverse pass reads the queries weighed as the prepare kernel left them, qs applied, where it made them
+    rq, rqs = (qd, None) if qd is not None else (q, qs)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
-        q, qs, a, ad, g, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
-        USE_DHT=True, **dict(common, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K) - (decay == "key")),
+        rq, rqs, a, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
+        USE_DHT=True, **dict(common, USE_QS=rqs is not None, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
     )  # fmt: skip
     dgs = None
     if decay != "none":
