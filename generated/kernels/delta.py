@@ -123,11 +123,13 @@ def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
 
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
-                   erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   erase_before: bool = False, sub_steps: int = 1, step: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
     the chunks' T = (I - M)^-1 [B, T, H, BT] and the read's scores [B, T, H, BT] where the kernels keep them (else
     empty), both kept for the backward so that it does not make them again). erase_before:
-    the erase reads S_{t-1} instead (S_{t-1}^T c_t, the generalized delta rule).
+    the erase reads S_{t-1} instead (S_{t-1}^T c_t, the generalized delta rule). sub_steps, step: o is used at rows
+    t with t % sub_steps == step only (ScanOperands' hint), and the output kernel computes those rows alone where
+    sub_steps divides its chunks (read_rows), leaving the others unwritten.
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = _module(decay, read, erase_before, h0.dtype)
@@ -136,17 +138,28 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
+    nsub, step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
-        q, qs, a, g, h, u, sc, o, cu_seqlens, indices, T, USE_QS=qs is not None, SPAN=diagonal_span(a.dtype), PRECISION="ieee", **shapes,
+        q, qs, a, g, h, u, sc, o, cu_seqlens, indices, T, NSUB=nsub, STEP=step, USE_QS=qs is not None, SPAN=diagonal_span(a.dtype),
+        PRECISION="ieee", **shapes,
     )  # fmt: skip
     return o, ht, tm, sc
+
+
+def read_rows(sub_steps: int, step: int, BT: int) -> tuple[int, int]:
+    """(NSUB, STEP) of the output kernel: its chunks' rows at sub-step `step` of every `sub_steps` alone where that
+    many divide a chunk into a power of two of at least 16 tokens (Triton's ranges and dots), else (1, 0): every row."""
+    R = BT // sub_steps
+    if sub_steps > 1 and BT % sub_steps == 0 and R >= 16 and pow2(R) == R:
+        return sub_steps, step
+    return 1, 0
 
 
 delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward, mutates_args=())
 
 
 @delta_scan.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     tm = a.new_empty(B, T, H, Config.from_list(cfg).BT)
@@ -263,7 +276,7 @@ def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, eras
 
 
 def _setup_context(ctx, inputs, output):
-    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before = inputs
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before = inputs[:12]  # (the read rows: the forward's alone)
     ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2], output[3])
     ctx.config = (decay, read, cfg, erase_before)
 
@@ -272,7 +285,7 @@ def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
     q, qs, a, b, c, g, h0, cu_seqlens, tm, sc = ctx.saved_tensors
     dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, *ctx.config)
-    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None
+    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None, None, None
 
 
 def _backward(ctx, do, dht, _dtm, _dsc):
@@ -310,6 +323,7 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[to
     h0 = ops.h0.to(acc).contiguous()
     qs = qs.to(acc).contiguous() if qs is not None else None
     erase_before = ops.c_before is not None and ops.decay != "none"  # without a decay, before and after are one state
-    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before)
+    sub_steps, step = (ops.sub_steps, ops.read_steps[0]) if ops.sub_steps > 1 else (1, 0)  # the read's rows (its hint)
+    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step)
     o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht

@@ -250,10 +250,13 @@ def scan_delta_none_after_float32_state_kernel(
 def scan_delta_none_after_float32_output_kernel(
     q, qs, a, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    """o = (q e^E) S0 + A U per chunk. One program per (value block, chunk, sequence x head); key blocks
-    in a loop."""
+    """o = (q e^E) S0 + A U per chunk, at the chunk's read rows: every row, or
+    where a token is NSUB sub-tokens (lamixer.runtime.substeps) and is read at its sub-token STEP, those BT / NSUB rows
+    alone (the other rows of o are left unwritten: no one reads them). One program per (value block, chunk, sequence
+    x head); key blocks in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
@@ -274,22 +277,25 @@ def scan_delta_none_after_float32_output_kernel(
     m_t = i_t * BT + o_t < L
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    m_tv = m_t[:, None] & m_v[None, :]
-    m_r = o_t[:, None] >= o_t[None, :]
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
-    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    o_r = tl.arange(0, BT // NSUB) * NSUB + STEP  # [BT / NSUB] the read rows
+    t_r = bos + i_t * BT + o_r
+    m_r = i_t * BT + o_r < L
+    m_rv = m_r[:, None] & m_v[None, :]
+    m_p = o_r[:, None] >= o_t[None, :]
+    b_A = tl.zeros([BT // NSUB, BT], dtype=tl.float32)
+    b_o = tl.zeros([BT // NSUB, BV], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_q = tl.load(q + (t_r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_Ak = tl.where(m_r, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
+        b_Ak = tl.where(m_p, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
         b_A += b_Ak
         b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_o += tl.dot(b_q.to(tl.float32).to(q.dtype.element_ty), b_h.to(q.dtype.element_ty), input_precision=PRECISION)
-    b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.)  # [BT, BV]
+    b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
     bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_u.dtype), b_u, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
     first = tl.full([BV], BT, dtype=tl.int32)
     if bad:  # a NaN or inf among the chunk's b_u (causal.jinja)
@@ -297,8 +303,8 @@ def scan_delta_none_after_float32_output_kernel(
         b_u = tl.where(tl.abs(b_u) < float("inf"), b_u, 0.)
     b_o += tl.dot(b_A.to(o.dtype.element_ty), b_u.to(o.dtype.element_ty), input_precision=PRECISION)
     if bad:
-        b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
-    tl.store(o + (t[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+        b_o = tl.where(o_r[:, None] >= first[None, :], float("nan"), b_o)
+    tl.store(o + (t_r[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_rv)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -330,7 +336,7 @@ def scan_delta_none_after_float32_bwd_dv_kernel(
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_Ak = tl.where(m_r, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
@@ -483,7 +489,7 @@ def scan_delta_none_after_float32_bwd_grad_kernel(
     m_tk = m_t[:, None] & m_k[None, :]
     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_T = tl.load(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]

@@ -10,11 +10,11 @@ every n-th sub-token. A write whose erase reads the state before its decays mark
 chunk kernels (each sub-token a row of their chunks: a sub-step without a decay has a log decay of 0, one
 without a value term b = 0, without an erase c = 0) or the recurrent kernel.
 
-The cost of the queries: a read is computed at all n sub-tokens of a token and n - 1 of them are dropped. The
-chunk kernels' read-out (the output kernel, and A^T dO in the backward) is O(n T C (K + V)) for chunks of C
-sub-tokens instead of the O(T C (K + V)) a read at one sub-step needs; the state work, the solve and the other
-gradients are n times a token's anyway. Zero queries at the other sub-steps would save nothing (the kernels
-compute every row of a chunk) and the queries' copies are one [n T, K] tensor per read, as the keys' are.
+The cost of the queries: each read's query is copied to every sub-token of its token ([n T, K] per read, as the keys
+are), and the scan is told that only the read's own sub-step is used (ScanOperands.sub_steps, read_steps). The delta
+rule's output kernel then computes those rows alone, O(T C (K + V)) for chunks of C sub-tokens rather than n times
+that; the other implementations compute a read at every sub-token, and the n - 1 others are dropped here. The
+backward's A^T dO and the state work, solve and other gradients are n times a token's anyway.
 """
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, re
         q = _full(one if q is None else q, shape, K, h0)
         queries.append((q.unsqueeze(2).expand(B, T, n, H, K).reshape(B, T * n, H, K), position))
     cu = None if cu_seqlens is None else cu_seqlens * n
-    ops = ScanOperands(a, b, c, g, decay, queries, [None] * len(reads), h0, cu, chunk, c_before=before)
+    ops = ScanOperands(a, b, c, g, decay, queries, [None] * len(reads), h0, cu, chunk, c_before=before, sub_steps=n,
+                       read_steps=tuple(step for _, step, _ in reads))  # fmt: skip
     outs, final = scan(ops)
     return [o.reshape(B, T, n, H, V)[:, :, step] for o, (_, step, _) in zip(outs, reads)], final

@@ -242,6 +242,11 @@ class ScanOperands:
     # scan reads it per token; the kernels take it as one flag for the scan (every erase reads before its token's
     # decay), which the kernel plan makes exact for the scans it gives them (kernel_plan._erase_flag)
     c_before: torch.Tensor | None = None
+    # a hint (lamixer.runtime.substeps): each token is this many sub-tokens of the scan, and read i is used at each
+    # token's sub-token read_steps[i] only; an implementation may compute those rows alone and leave the other rows of
+    # that read's output unwritten (the delta rule's output kernel does), or compute every row
+    sub_steps: int = 1
+    read_steps: tuple[int, ...] = ()
 
     @property
     def positions(self) -> str:
