@@ -12,6 +12,7 @@ import torch
 
 import lamixer
 from lamixer.backends import triton as triton_backend
+from lamixer.kernels import delta
 from lamixer.tools.check import compare, compare_inference, random_call, rel_rms
 
 TOL = 1e-10  # float64 all the way: measured below 1e-13 (d(log decay) under strong gates, the largest)
@@ -163,6 +164,18 @@ def test_shipped_specs_match_interpreter(name, T, gate):
 @pytest.mark.parametrize("name", ["gated_deltaproduct", "rwkv7", "generalized"])
 def test_packed_sequences(name):
     _check(name, cu=[0, 1, 18, 53], seed=3)
+
+
+@pytest.mark.parametrize("name,rows", [("gated_deltaproduct", (2, 1)), ("rwkv7", (2, 1)), ("product_3", (1, 0))])
+def test_the_output_kernel_computes_the_read_rows_alone(name, rows, monkeypatch):
+    """A read at one sub-step of n: the output kernel takes that sub-step's BT / n rows alone where n leaves a power of
+    two of at least 16 tokens a chunk (gated_deltaproduct's 64 sub-tokens, rwkv7's 32), else every row (n = 3), and
+    the reads stay exact."""
+    chosen = []
+    real = delta.read_rows
+    monkeypatch.setattr(delta, "read_rows", lambda *args: chosen.append(real(*args)) or chosen[-1])
+    _check(name, T=45, gate="normal", seed=5)
+    assert set(chosen) == {rows}
 
 
 def test_without_an_initial_state():
