@@ -167,10 +167,10 @@ def test_packed_sequences(name):
 
 
 @pytest.mark.parametrize("name,rows", [("gated_deltaproduct", (2, 1)), ("rwkv7", (2, 1)), ("product_3", (1, 0))])
-def test_the_output_kernel_computes_the_read_rows_alone(name, rows, monkeypatch):
-    """A read at one sub-step of n: the output kernel takes that sub-step's BT / n rows alone where n leaves a power of
-    two of at least 16 tokens a chunk (gated_deltaproduct's 64 sub-tokens, rwkv7's 32), else every row (n = 3), and
-    the reads stay exact."""
+def test_the_read_out_takes_the_read_rows_alone(name, rows, monkeypatch):
+    """A read at one sub-step of n: the output kernel and the backward's A^T dO take that sub-step's BT / n rows alone
+    where n leaves a power of two of at least 16 tokens a chunk (gated_deltaproduct's 64 sub-tokens, rwkv7's 32), else
+    every row (n = 3), and the reads and every gradient stay exact."""
     chosen = []
     real = delta.read_rows
     monkeypatch.setattr(delta, "read_rows", lambda *args: chosen.append(real(*args)) or chosen[-1])

@@ -455,7 +455,9 @@ def scan_delta_key_after_float32_output_kernel(
     m_t = i_t * BT + o_t < L
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    o_r = tl.arange(0, BT // NSUB) * NSUB + STEP  # [BT / NSUB] the read rows
+    # the chunk's rows its read is used at: every row, or where a token is NSUB sub-tokens (lamixer.runtime.substeps)
+    # and read at its sub-token STEP, those BT / NSUB
+    o_r = tl.arange(0, BT // NSUB) * NSUB + STEP
     t_r = bos + i_t * BT + o_r
     m_r = i_t * BT + o_r < L
     m_rv = m_r[:, None] & m_v[None, :]
@@ -490,9 +492,11 @@ def scan_delta_key_after_float32_output_kernel(
 def scan_delta_key_after_float32_bwd_dv_kernel(
     q, qs, a, g, sc, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
-    """The chunk-local part of dU: A^T dO into du [B, T, H, V], A as the forward's solve kernel stored it (sc). One program per (chunk, sequence x head)."""
+    """The chunk-local part of dU: A^T dO into du [B, T, H, V], A as the forward's solve kernel stored it (sc), over the read
+    rows the output kernel computed (NSUB, STEP: dO is 0 at the others). One program per (chunk, sequence x head)."""
     i_c, i_x = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
         i_h = i_x
@@ -509,13 +513,18 @@ def scan_delta_key_after_float32_bwd_dv_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    b_A = tl.load(sc + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
+    # the chunk's rows its read is used at: every row, or where a token is NSUB sub-tokens (lamixer.runtime.substeps)
+    # and read at its sub-token STEP, those BT / NSUB
+    o_r = tl.arange(0, BT // NSUB) * NSUB + STEP
+    t_r = bos + i_t * BT + o_r
+    m_r = i_t * BT + o_r < L
+    b_A = tl.load(sc + (t_r[:, None] * H + i_h) * BT + o_t[None, :], mask=m_r[:, None], other=0.)  # [BT / NSUB, BT]
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v < V)[None, :]
-        b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        b_du = tl.dot((tl.trans(b_A)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-        tl.store(du + (t[:, None] * H + i_h) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
+        m_v = o_v < V
+        b_do = tl.load(do + (t_r[:, None] * H + i_h) * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)  # [BT / NSUB, BV]
+        b_du = tl.dot((tl.trans(b_A)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
+        tl.store(du + (t[:, None] * H + i_h) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])

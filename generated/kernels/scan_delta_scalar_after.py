@@ -288,7 +288,9 @@ def scan_delta_scalar_after_float32_output_kernel(
     m_t = i_t * BT + o_t < L
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < V
-    o_r = tl.arange(0, BT // NSUB) * NSUB + STEP  # [BT / NSUB] the read rows
+    # the chunk's rows its read is used at: every row, or where a token is NSUB sub-tokens (lamixer.runtime.substeps)
+    # and read at its sub-token STEP, those BT / NSUB
+    o_r = tl.arange(0, BT // NSUB) * NSUB + STEP
     t_r = bos + i_t * BT + o_r
     m_r = i_t * BT + o_r < L
     m_rv = m_r[:, None] & m_v[None, :]
@@ -327,9 +329,11 @@ def scan_delta_scalar_after_float32_output_kernel(
 def scan_delta_scalar_after_float32_bwd_dv_kernel(
     q, qs, a, g, sc, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
-    """The chunk-local part of dU: A^T dO into du [B, T, H, V]. One program per (chunk, sequence x head)."""
+    """The chunk-local part of dU: A^T dO into du [B, T, H, V], over the read
+    rows the output kernel computed (NSUB, STEP: dO is 0 at the others). One program per (chunk, sequence x head)."""
     i_c, i_x = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
         i_h = i_x
@@ -346,26 +350,33 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
-    m_r = o_t[:, None] >= o_t[None, :]
+    # the chunk's rows its read is used at: every row, or where a token is NSUB sub-tokens (lamixer.runtime.substeps)
+    # and read at its sub-token STEP, those BT / NSUB
+    o_r = tl.arange(0, BT // NSUB) * NSUB + STEP
+    t_r = bos + i_t * BT + o_r
+    m_r = i_t * BT + o_r < L
+    m_p = o_r[:, None] >= o_t[None, :]
     b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
-    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    if NSUB > 1:  # the read rows' E (o_r: one sub-token of each token), by a reshape rather than a gather
+        b_E = tl.sum(tl.where((tl.arange(0, NSUB) == STEP)[None, :], tl.reshape(b_E, [BT // NSUB, NSUB]), 0.), axis=1)
+    b_A = tl.zeros([BT // NSUB, BT], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
+        b_q = tl.load(q + (t_r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_Ak = tl.where(m_r, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_r, b_E[:, None] - b_B[None, :], float("-inf"))), 0.)  # [BT, BT]
+        b_Ak = tl.where(m_p, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_p, b_E[:, None] - b_B[None, :], float("-inf"))), 0.)  # [BT, BT]
         b_A += b_Ak
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v < V)[None, :]
-        b_do = tl.load(do + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
-        b_du = tl.dot((tl.trans(b_A)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-        tl.store(du + (t[:, None] * H + i_h) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_tv)
+        m_v = o_v < V
+        b_do = tl.load(do + (t_r[:, None] * H + i_h) * V + o_v[None, :], mask=m_r[:, None] & m_v[None, :], other=0.).to(tl.float32)  # [BT / NSUB, BV]
+        b_du = tl.dot((tl.trans(b_A)).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
+        tl.store(du + (t[:, None] * H + i_h) * V + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -169,9 +169,10 @@ def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, s
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                     h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, sc: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
-                    decay: str, read: str, cfg: list[int],
-                    erase_before: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay."""
+                    decay: str, read: str, cfg: list[int], erase_before: bool = False, sub_steps: int = 1,
+                    step: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step: the forward's (dO is 0
+    but at the rows its output kernel computed, and A^T dO takes those alone)."""
     mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
     acc = h0.dtype
@@ -186,7 +187,10 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
     # dU in the inputs' dtype, as the other intermediates (the template's header)
     du = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
-    getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](q, qs, a, g, sc, do, du, cu_seqlens, indices, T, SPAN=diagonal_span(a.dtype), **common)
+    nsub, step = read_rows(sub_steps, step, shapes["BT"])
+    getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](
+        q, qs, a, g, sc, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=step, SPAN=diagonal_span(a.dtype), **common,
+    )  # fmt: skip
     dh = torch.empty_like(h)
     dh0 = torch.empty_like(h0)
     # the reverse pass reads the queries weighed as the prepare kernel left them, qs applied, where it made them
@@ -270,15 +274,15 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 
 
 @delta_scan_backward.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0):
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before = inputs[:12]  # (the read rows: the forward's alone)
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step = inputs
     ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2], output[3])
-    ctx.config = (decay, read, cfg, erase_before)
+    ctx.config = (decay, read, cfg, erase_before, sub_steps, step)
 
 
 def _grads(ctx, do, dht, backward):

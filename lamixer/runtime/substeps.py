@@ -13,8 +13,9 @@ without a value term b = 0, without an erase c = 0) or the recurrent kernel.
 The cost of the queries: each read's query is copied to every sub-token of its token ([n T, K] per read, as the keys
 are), and the scan is told that only the read's own sub-step is used (ScanOperands.sub_steps, read_steps). The delta
 rule's output kernel then computes those rows alone, O(T C (K + V)) for chunks of C sub-tokens rather than n times
-that; the other implementations compute a read at every sub-token, and the n - 1 others are dropped here. The
-backward's A^T dO and the state work, solve and other gradients are n times a token's anyway.
+that, and so does the backward's A^T dO (dO is 0 at the others); the other implementations compute a read at every
+sub-token, and the n - 1 others are dropped here. The state work, solve and other gradients are n times a token's
+anyway.
 """
 from __future__ import annotations
 
