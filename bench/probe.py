@@ -80,7 +80,7 @@ def main():
     ap.add_argument("--fla", action="store_true")
     ap.add_argument("--compile", action="store_true", help="also time the call under torch.compile(fullgraph=True)")
     ap.add_argument("--top", type=int, default=14, help="kernels listed per profile")
-    ap.add_argument("--forward", action="store_true", help="also list the kernels of a forward alone (no grad)")
+    ap.add_argument("--forward", action="store_true", help="also list the kernels of a forward alone (no grad), FLA's too")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: skip what starts after this")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
@@ -142,6 +142,8 @@ def main():
             row["first_call_s"] = round(time.time() - t0, 1)
             if "error" not in row:
                 row["kernels_us"] = kernel_times(lambda: bench.peer_call(entry, tensors)[0], do, leaves=tensors.values())
+                if args.forward:
+                    row["forward_kernels_us"] = kernel_times(lambda: bench.peer_call(entry, tensors)[0], do, backward=False)
             rows.append(row)
             print(json.dumps(row), flush=True)
             save()
