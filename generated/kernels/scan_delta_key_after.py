@@ -353,7 +353,6 @@ def scan_delta_key_after_float32_state_kernel(
     w += row0 * K
     u0 += row0 * V
     u += row0 * V
-    g += row0 * K
     p_h0 = h0 + i_nh.to(tl.int64) * K * V
     b_h1 = tl.zeros([BK, BV], dtype=tl.float32)
     b_h2 = tl.zeros([BK, BV], dtype=tl.float32)
@@ -550,13 +549,12 @@ def scan_delta_key_after_float32_bwd_dh_kernel(
         eos = bos + T
         c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     L = eos - bos
-    row0 = bos * H + i_h  # the sequence's first token, this head: rows of q, ad, w, do, du, g are H apart
+    row0 = bos * H + i_h  # the sequence's first token, this head: rows of q, ad, w, do, du are H apart
     q += row0 * K
     ad += row0 * K
     w += row0 * K
     do += row0 * V
     du += row0 * V
-    g += row0 * K
     b_h0 = tl.zeros([BK, BV], dtype=tl.float32)  # dL/dS at the end of the current chunk, key block 0
     b_h1 = tl.zeros([BK, BV], dtype=tl.float32)  # dL/dS at the end of the current chunk, key block 1
     b_h2 = tl.zeros([BK, BV], dtype=tl.float32)  # dL/dS at the end of the current chunk, key block 2
