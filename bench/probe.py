@@ -57,6 +57,27 @@ def kernel_times(fn, do, backward: bool = True, leaves=()) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1])[:TOP])
 
 
+def forward_pace(fn, reps: int = 20) -> dict[str, float]:
+    """Where a no-grad forward's time goes when its kernels do not fill it: the GPU time of all its kernels, and the
+    host's time to issue one call (no synchronisation): a host time near the timed forward says the host bounds it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        host = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            host.append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+    busy = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0)
+    return dict(gpu_busy_us=round(busy, 1), host_ms=round(sorted(host)[reps // 2] * 1e3, 3))
+
+
 def launcher(m, config):
     """m's call, its first scan group's chunk template launched with `config` (None: the tuned or default one)."""
     if config is None:
@@ -115,6 +136,7 @@ def main():
                 row["kernels_us"] = kernel_times(lambda: call(**tensors)[0], do, leaves=tensors.values())
                 if args.forward:
                     row["forward_kernels_us"] = kernel_times(lambda: call(**tensors)[0], do, backward=False)
+                    row["forward_pace"] = forward_pace(lambda: call(**tensors)[0])
             except Exception as e:
                 row["error"] = repr(e)[:300]
             rows.append(row)
@@ -144,6 +166,7 @@ def main():
                 row["kernels_us"] = kernel_times(lambda: bench.peer_call(entry, tensors)[0], do, leaves=tensors.values())
                 if args.forward:
                     row["forward_kernels_us"] = kernel_times(lambda: bench.peer_call(entry, tensors)[0], do, backward=False)
+                    row["forward_pace"] = forward_pace(lambda: bench.peer_call(entry, tensors)[0])
             rows.append(row)
             print(json.dumps(row), flush=True)
             save()
