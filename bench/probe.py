@@ -52,8 +52,8 @@ def kernel_times(fn, do, backward: bool = True, leaves=()) -> dict[str, float]:
         torch.cuda.synchronize()
     out: dict[str, float] = {}
     for e in prof.key_averages():
-        if e.device_time_total > 0:
-            out[e.key[:90]] = round(e.device_time_total, 1)
+        if e.device_time_total > 0:  # whole names: inductor's differ in their tails alone
+            out[e.key] = round(e.device_time_total, 1)
     return dict(sorted(out.items(), key=lambda kv: -kv[1])[:TOP])
 
 
