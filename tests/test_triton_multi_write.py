@@ -166,24 +166,16 @@ def test_packed_sequences(name):
     _check(name, cu=[0, 1, 18, 53], seed=3)
 
 
-def test_packed_sequences_of_several_token_chunks():
-    """gated_deltaproduct's output kernel takes token chunks of 128 sub-tokens against the states the state pass
-    stored per token chunk: sequences of two and three of them, one of a single token between."""
-    _check("gated_deltaproduct", cu=[0, 70, 71, 200], seed=6)
-
-
-@pytest.mark.parametrize("name,rows,every", [("gated_deltaproduct", (2, 1), 2), ("rwkv7", (2, 1), 1), ("product_3", (1, 0), 1)])
-def test_the_read_out_takes_the_read_rows_alone(name, rows, every, monkeypatch):
-    """A read at one sub-step of n: the output kernel and the backward's A^T dO take that sub-step's rows alone where
-    n leaves a power of two of at least 16 tokens a chunk (gated_deltaproduct's, rwkv7's), else every row (n = 3).
-    The output kernel takes a token chunk of n of the state pass's chunks (gated_deltaproduct's 128 sub-tokens), not
-    where the read's scores are kept (rwkv7's per-key decay). The reads and every gradient stay exact."""
-    chosen, everies = [], []
-    real, real_every = delta.read_rows, delta.read_chunks
+@pytest.mark.parametrize("name,rows", [("gated_deltaproduct", (2, 1)), ("rwkv7", (2, 1)), ("product_3", (1, 0))])
+def test_the_read_out_takes_the_read_rows_alone(name, rows, monkeypatch):
+    """A read at one sub-step of n: the output kernel and the backward's A^T dO take that sub-step's BT / n rows alone
+    where n leaves a power of two of at least 16 tokens a chunk (gated_deltaproduct's 64 sub-tokens, rwkv7's 32), else
+    every row (n = 3), and the reads and every gradient stay exact."""
+    chosen = []
+    real = delta.read_rows
     monkeypatch.setattr(delta, "read_rows", lambda *args: chosen.append(real(*args)) or chosen[-1])
-    monkeypatch.setattr(delta, "read_chunks", lambda *args: everies.append(real_every(*args)) or everies[-1])
     _check(name, T=45, gate="normal", seed=5)
-    assert set(chosen) == {rows} and set(everies) == {every}
+    assert set(chosen) == {rows}
 
 
 def test_without_an_initial_state():

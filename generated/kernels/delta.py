@@ -95,10 +95,9 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     return tm, sc, w, u0, (ad, gl, qd), NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
-def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None,
-             h_every: int = 1):  # fmt: skip
+def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None):
     """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, what a per-key decay's
-    sequential passes read (_prepare's), states at the start of every h_every-th chunk, final state, chunk layout)."""
+    sequential passes read (_prepare's), states at chunk starts, final state, chunk layout)."""
     tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm)
     ad, gl, _ = reach
     B, T, H, K = a.shape
@@ -107,13 +106,11 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht
     BW = min(c_cfg.BW, pow2(V))
     acc = h0.dtype
     _, _, offsets, shapes = layout
-    if h_every > 1:
-        NC, _, offsets = chunks(cu, B, T, c_cfg.BT * h_every)
     h = torch.empty(NC, H, K, V, dtype=a.dtype, device=a.device)
     ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
-        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, NH=h_every, STORE_HT=store_ht, ACC_PRECISION=precision,
+        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, STORE_HT=store_ht, ACC_PRECISION=precision,
         **dict(shapes, BK=state_key_block(K), BV=BW, num_stages=state_stages(a.dtype, K)),
     )  # fmt: skip
     return tm, sc, w, u, reach, h, ht, layout
@@ -137,15 +134,9 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
+    tm, sc, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, True, acc_precision(h0.dtype))
     B, T, H, _ = a.shape
     V = b.shape[-1]
-    h_every = read_chunks(mod, sub_steps, cfg.BT)
-    tm, sc, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, True,
-                                                                         acc_precision(h0.dtype), h_every=h_every)  # fmt: skip
-    if h_every > 1:  # the output kernel's chunks: h_every of the others
-        shapes = dict(shapes, BT=cfg.BT * h_every, num_warps=READ_WARPS)
-        NC, indices, _ = chunks(cu_seqlens, B, T, shapes["BT"])
-        grid_chunks = (cdiv(T, shapes["BT"]), B * H) if cu_seqlens is None else (NC, H)
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     nsub, step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
@@ -155,31 +146,13 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     return o, ht, tm, sc
 
 
-# the output kernel's longest chunk of sub-tokens: its [rows, chunk] scores and [chunk, BV] values in registers
-READ_CHUNK = 128
-READ_WARPS = 8  # over those tiles (4 spill)
-
-
-def read_chunks(mod, sub_steps: int, BT: int) -> int:
-    """How many of the state pass's chunks the output kernel takes at once where a token is `sub_steps` sub-tokens
-    read at one of them: a token chunk of sub_steps chunks (up to READ_CHUNK rows) reads BT tokens' rows against one
-    stored state, so the state pass stores a state per token chunk and the output kernel reads half as many for n = 2.
-    Not where the read's scores are kept: they are the solve's, chunk by chunk."""
-    if sub_steps <= 1 or mod.SCORES_KEPT:
-        return 1
-    every = min(sub_steps, max(1, READ_CHUNK // BT))
-    return every if _rows_divide(sub_steps, BT * every) else 1
-
-
 def read_rows(sub_steps: int, step: int, BT: int) -> tuple[int, int]:
     """(NSUB, STEP) of the output kernel: its chunks' rows at sub-step `step` of every `sub_steps` alone where that
     many divide a chunk into a power of two of at least 16 tokens (Triton's ranges and dots), else (1, 0): every row."""
-    return (sub_steps, step) if _rows_divide(sub_steps, BT) else (1, 0)
-
-
-def _rows_divide(sub_steps: int, BT: int) -> bool:
     R = BT // sub_steps
-    return sub_steps > 1 and BT % sub_steps == 0 and R >= 16 and pow2(R) == R
+    if sub_steps > 1 and BT % sub_steps == 0 and R >= 16 and pow2(R) == R:
+        return sub_steps, step
+    return 1, 0
 
 
 delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward, mutates_args=())

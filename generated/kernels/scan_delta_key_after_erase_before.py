@@ -329,12 +329,11 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
 def scan_delta_key_after_erase_before_float32_state_kernel(
     a, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NH: tl.constexpr, STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
-    """The sequential pass: the state entering every NH-th chunk into h [chunks / NH, H, K, V] (the output kernel's
-    chunks are NH of these: chunk_offsets count those), U = U0 + W S0 into u, the final state into ht. One program
-    per (value block, sequence x head), the state as key blocks of BK rows (K <= 4 BK), tiles through int32 offsets
-    (templates/state_blocks.jinja)."""
+    """The sequential pass: the state entering every chunk into h [chunks, H, K, V], U = U0 + W S0 into u,
+    the final state into ht. One program per (value block, sequence x head), the state as key blocks of BK rows
+    (K <= 4 BK), tiles through int32 offsets (templates/state_blocks.jinja)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -344,7 +343,7 @@ def scan_delta_key_after_erase_before_float32_state_kernel(
     else:
         bos = i_n.to(tl.int64) * T
         eos = bos + T
-        c0 = i_n.to(tl.int64) * tl.cdiv(T, BT * NH)
+        c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
     L = eos - bos
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -379,21 +378,20 @@ def scan_delta_key_after_erase_before_float32_state_kernel(
     for i_t in range(0, tl.cdiv(L, BT)):
         r = tl.cast(i_t * BT, tl.int64) * H
         m_t = i_t * BT + o_t < L
-        p_h = h + ((c0 + i_t // NH) * H + i_h) * K * V
-        m_hv = m_v & (i_t % NH == 0)
-        tl.store(p_h + s_kv, b_h0.to(h.dtype.element_ty), mask=(o_k < K)[:, None] & m_hv[None, :])
+        p_h = h + ((c0 + i_t) * H + i_h) * K * V
+        tl.store(p_h + s_kv, b_h0.to(h.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_w = tl.load(w + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
         b_u = tl.dot((b_w).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 1 * BK:
-            tl.store(p_h + 1 * BK * V + s_kv, b_h1.to(h.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_hv[None, :])
+            tl.store(p_h + 1 * BK * V + s_kv, b_h1.to(h.dtype.element_ty), mask=(o_k < K - 1 * BK)[:, None] & m_v[None, :])
             b_w = tl.load(w + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.)  # [BT, BK]
             b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 2 * BK:
-            tl.store(p_h + 2 * BK * V + s_kv, b_h2.to(h.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_hv[None, :])
+            tl.store(p_h + 2 * BK * V + s_kv, b_h2.to(h.dtype.element_ty), mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :])
             b_w = tl.load(w + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.)  # [BT, BK]
             b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 3 * BK:
-            tl.store(p_h + 3 * BK * V + s_kv, b_h3.to(h.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_hv[None, :])
+            tl.store(p_h + 3 * BK * V + s_kv, b_h3.to(h.dtype.element_ty), mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :])
             b_w = tl.load(w + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.)  # [BT, BK]
             b_u += tl.dot((b_w).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         # U0 added after the products: a load that initialised their accumulator would not be pipelined
@@ -438,10 +436,8 @@ def scan_delta_key_after_erase_before_float32_output_kernel(
 ):
     """o = (q e^E) S0 + A U per chunk, A as the solve kernel stored it (sc), at the chunk's read rows: every row, or
     where a token is NSUB sub-tokens (lamixer.runtime.substeps) and is read at its sub-token STEP, those BT / NSUB rows
-    alone (the other rows of o are left unwritten: no one reads them). Its chunks may be several of the state pass's
-    (a token chunk of sub-tokens): U holds the values each row wrote, however the rows are chunked, so this holds over
-    any chunk whose entering state S0 is in h. One program per (value block, chunk, sequence x head); key blocks in
-    a loop."""
+    alone (the other rows of o are left unwritten: no one reads them). One program per (value block, chunk, sequence
+    x head); key blocks in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
