@@ -1,12 +1,11 @@
-"""Launch variants of the delta rule's forward output kernel and state pass, timed alone on a GPU (CUDA events,
+"""Launch variants of the delta rule's forward output kernel, and its state pass, timed alone on a GPU (CUDA events,
 triton.testing.do_bench), on random bf16 operands of the bench's shape: where the per-kernel profile (bench/probe.py)
 says a kernel is slow, which tiles, warps and stages it wants.
 
     python bench/delta_sweep.py [--decay scalar] [--T 8192] [--n 2] [--out DIR]
 
 --n: sub-tokens per token (a read at one of them: the output kernel's NSUB rows), so the kernels run over n T rows.
-An output variant is BT,BK,BV,warps,stages (BT: the output kernel's chunk, a multiple of the state pass's 64, whose
-states it reads); a state variant is the state pass's NH (a state stored per NH chunks).
+An output variant is BT,BK,BV,warps,stages; the state pass runs at its default launch.
 """
 from __future__ import annotations
 
@@ -22,9 +21,7 @@ from lamixer.kernels.launch import acc_precision, cdiv, diagonal_span, state_key
 from lamixer.tools import bench
 
 CHUNK = 64  # the state pass's chunk (delta_default_config)
-OUTPUT = ("128,64,128,8,1;128,64,128,8,2;128,128,128,8,1;128,64,64,4,2;128,64,64,8,2;128,128,64,8,2;128,64,128,8,3;"
-          "64,64,128,4,1;64,64,128,4,2;64,128,128,4,1;64,128,128,8,1;64,64,64,4,2;64,64,128,8,2")
-STATES = (1, 2)
+OUTPUT = "64,64,128,4,1;64,64,128,4,2;64,64,128,4,3;64,128,128,4,1;64,128,128,4,2;64,128,128,8,1;64,64,64,4,2;64,64,128,8,2"
 
 
 def operands(decay: str, B: int, T: int, H: int, D: int, device: str = "cuda") -> dict:
@@ -42,11 +39,9 @@ def operands(decay: str, B: int, T: int, H: int, D: int, device: str = "cuda") -
 def time_output(mod, x: dict, n: int, variant: str) -> float:
     BT, BK, BV, warps, stages = (int(v) for v in variant.split(","))
     B, T, H, D = x["a"].shape
-    every = BT // CHUNK
     h = torch.randn(B * cdiv(T, BT), H, D, D, device=x["a"].device, dtype=torch.bfloat16)
     o = torch.empty_like(x["u"])
     nsub, step = delta.read_rows(n, 0, BT)
-    assert every * CHUNK == BT, variant
     kernel = getattr(mod, f"{mod.NAME}_output_kernel")
     grid = (cdiv(D, BV), cdiv(T, BT), B * H)
 
@@ -58,16 +53,16 @@ def time_output(mod, x: dict, n: int, variant: str) -> float:
     return do_bench(run, warmup=25, rep=200)
 
 
-def time_state(mod, x: dict, NH: int) -> float:
+def time_state(mod, x: dict) -> float:
     B, T, H, D = x["a"].shape
-    h = torch.empty(B * cdiv(T, CHUNK * NH), H, D, D, device=x["a"].device, dtype=torch.bfloat16)
+    h = torch.empty(B * cdiv(T, CHUNK), H, D, D, device=x["a"].device, dtype=torch.bfloat16)
     ht = torch.empty(B, H, D, D, device=x["a"].device)
     u = torch.empty_like(x["u"])
     kernel = getattr(mod, f"{mod.NAME}_state_kernel")
 
     def run():
         kernel[(cdiv(D, 64), B * H)](x["a"], None, x["g"], None, x["w"], x["u"], x["h0"], h, u, ht, None, None, T, H=H, K=D,
-                                     V=D, BT=CHUNK, BK=state_key_block(D), BV=64, NH=NH, STORE_HT=True, IS_VARLEN=False,
+                                     V=D, BT=CHUNK, BK=state_key_block(D), BV=64, STORE_HT=True, IS_VARLEN=False,
                                      ACC_PRECISION=acc_precision(torch.float32), num_warps=4, num_stages=state_stages(torch.bfloat16, D))  # fmt: skip
 
     return do_bench(run, warmup=25, rep=200)
@@ -91,9 +86,8 @@ def main():
         except Exception as e:  # a variant out of shared memory or registers
             rows.append(dict(kernel="output", variant=variant, error=repr(e)[:200]))
         print(rows[-1], flush=True)
-    for NH in STATES:
-        rows.append(dict(kernel="state", variant=f"NH={NH}", us=round(time_state(mod, x, NH) * 1e3, 1)))
-        print(rows[-1], flush=True)
+    rows.append(dict(kernel="state", variant="default", us=round(time_state(mod, x) * 1e3, 1)))
+    print(rows[-1], flush=True)
     os.makedirs(args.out, exist_ok=True)
     name = f"delta_sweep_{args.decay}_n{args.n}.json"
     with open(os.path.join(args.out, name), "w") as f:

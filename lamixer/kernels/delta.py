@@ -141,9 +141,15 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     nsub, step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
         q, qs, a, g, h, u, sc, o, cu_seqlens, indices, T, NSUB=nsub, STEP=step, USE_QS=qs is not None, SPAN=diagonal_span(a.dtype),
-        PRECISION="ieee", **shapes,
+        PRECISION="ieee", **dict(shapes, num_stages=output_stages(a.dtype, shapes["num_stages"])),
     )  # fmt: skip
     return o, ht, tm, sc
+
+
+def output_stages(dtype: torch.dtype, stages: int) -> int:
+    """The output kernel's pipeline stages: at least two for 2-byte inputs, so that its key loop's loads (q, a, S0)
+    overlap the previous block's dots (bench/results/NOTES.md); float32 tiles at two stages spill by the tens of KB."""
+    return max(2, stages) if dtype.itemsize == 2 else stages
 
 
 def read_rows(sub_steps: int, step: int, BT: int) -> tuple[int, int]:
