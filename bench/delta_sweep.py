@@ -5,7 +5,8 @@ says a kernel is slow, which tiles, warps and stages it wants.
     python bench/delta_sweep.py [--decay scalar] [--T 8192] [--n 2] [--out DIR]
 
 --n: sub-tokens per token (a read at one of them: the output kernel's NSUB rows), so the kernels run over n T rows.
-An output variant is BT,BK,BV,warps,stages; the state pass runs at its default launch.
+An output variant is BT,BK,BV,warps,stages; a state variant BV,warps (the value block of a program, which holds
+the whole [K, BV] state).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from lamixer.kernels.launch import acc_precision, cdiv, diagonal_span, state_key
 from lamixer.tools import bench
 
 CHUNK = 64  # the state pass's chunk (delta_default_config)
+STATE = "64,4;32,4;64,8;32,8"
 OUTPUT = "64,64,128,4,1;64,64,128,4,2;64,64,128,4,3;64,128,128,4,1;64,128,128,4,2;64,128,128,8,1;64,64,64,4,2;64,64,128,8,2"
 
 
@@ -53,7 +55,8 @@ def time_output(mod, x: dict, n: int, variant: str) -> float:
     return do_bench(run, warmup=25, rep=200)
 
 
-def time_state(mod, x: dict) -> float:
+def time_state(mod, x: dict, variant: str) -> float:
+    BV, warps = (int(v) for v in variant.split(","))
     B, T, H, D = x["a"].shape
     h = torch.empty(B * cdiv(T, CHUNK), H, D, D, device=x["a"].device, dtype=torch.bfloat16)
     ht = torch.empty(B, H, D, D, device=x["a"].device)
@@ -61,9 +64,9 @@ def time_state(mod, x: dict) -> float:
     kernel = getattr(mod, f"{mod.NAME}_state_kernel")
 
     def run():
-        kernel[(cdiv(D, 64), B * H)](x["a"], None, x["g"], None, x["w"], x["u"], x["h0"], h, u, ht, None, None, T, H=H, K=D,
-                                     V=D, BT=CHUNK, BK=state_key_block(D), BV=64, STORE_HT=True, IS_VARLEN=False,
-                                     ACC_PRECISION=acc_precision(torch.float32), num_warps=4, num_stages=state_stages(torch.bfloat16, D))  # fmt: skip
+        kernel[(cdiv(D, BV), B * H)](x["a"], None, x["g"], None, x["w"], x["u"], x["h0"], h, u, ht, None, None, T, H=H, K=D,
+                                     V=D, BT=CHUNK, BK=state_key_block(D), BV=BV, STORE_HT=True, IS_VARLEN=False,
+                                     ACC_PRECISION=acc_precision(torch.float32), num_warps=warps, num_stages=state_stages(torch.bfloat16, D))  # fmt: skip
 
     return do_bench(run, warmup=25, rep=200)
 
@@ -75,6 +78,7 @@ def main():
     ap.add_argument("--T", type=int, default=8192, help="tokens (the kernels run over n T rows)")
     ap.add_argument("--n", type=int, default=2)
     ap.add_argument("--output", default=OUTPUT, help="';'-separated BT,BK,BV,warps,stages")
+    ap.add_argument("--state", default=STATE, help="';'-separated BV,warps")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
     mod = delta._module(args.decay, args.read, False, torch.float32)
@@ -86,8 +90,9 @@ def main():
         except Exception as e:  # a variant out of shared memory or registers
             rows.append(dict(kernel="output", variant=variant, error=repr(e)[:200]))
         print(rows[-1], flush=True)
-    rows.append(dict(kernel="state", variant="default", us=round(time_state(mod, x) * 1e3, 1)))
-    print(rows[-1], flush=True)
+    for variant in args.state.split(";"):
+        rows.append(dict(kernel="state", variant=variant, us=round(time_state(mod, x, variant) * 1e3, 1)))
+        print(rows[-1], flush=True)
     os.makedirs(args.out, exist_ok=True)
     name = f"delta_sweep_{args.decay}_n{args.n}.json"
     with open(os.path.join(args.out, name), "w") as f:
