@@ -6,7 +6,7 @@ says a kernel is slow, which tiles, warps and stages it wants.
 
 --n: sub-tokens per token (a read at one of them: the output kernel's NSUB rows), so the kernels run over n T rows.
 An output variant is BT,BK,BV,warps,stages; a state variant BV,warps (the value block of a program, which holds
-the whole [K, BV] state).
+the whole [K, BV] state); a dv variant (the backward's A^T dO) BK,BV,warps,stages.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from lamixer.tools import bench
 
 CHUNK = 64  # the state pass's chunk (delta_default_config)
 STATE = "64,4;32,4;64,8;32,8"
+DV = "64,128,4,1;64,128,4,2;128,128,4,1;128,128,4,2"
 OUTPUT = "64,64,128,4,1;64,64,128,4,2;64,64,128,4,3;64,128,128,4,1;64,128,128,4,2;64,128,128,8,1;64,64,64,4,2;64,64,128,8,2"
 
 
@@ -55,6 +56,22 @@ def time_output(mod, x: dict, n: int, variant: str) -> float:
     return do_bench(run, warmup=25, rep=200)
 
 
+def time_dv(mod, x: dict, n: int, variant: str) -> float:
+    BK, BV, warps, stages = (int(v) for v in variant.split(","))
+    B, T, H, D = x["a"].shape
+    du = torch.empty_like(x["u"])
+    nsub, step = delta.read_rows(n, 0, CHUNK)
+    kernel = getattr(mod, f"{mod.NAME}_bwd_dv_kernel")
+
+    def run():
+        kernel[(cdiv(T, CHUNK), B * H)](x["q"], None, x["a"], x["g"], None, x["u"], du, None, None, T, H=H, K=D, V=D, BT=CHUNK,
+                                        BK=BK, BV=BV, NSUB=nsub, STEP=step, USE_QS=False, SPAN=diagonal_span(torch.bfloat16),
+                                        IS_VARLEN=False, PRECISION="ieee", ACC_PRECISION=acc_precision(torch.float32),
+                                        num_warps=warps, num_stages=stages)  # fmt: skip
+
+    return do_bench(run, warmup=25, rep=200)
+
+
 def time_state(mod, x: dict, variant: str) -> float:
     BV, warps = (int(v) for v in variant.split(","))
     B, T, H, D = x["a"].shape
@@ -79,6 +96,7 @@ def main():
     ap.add_argument("--n", type=int, default=2)
     ap.add_argument("--output", default=OUTPUT, help="';'-separated BT,BK,BV,warps,stages")
     ap.add_argument("--state", default=STATE, help="';'-separated BV,warps")
+    ap.add_argument("--dv", default=DV, help="';'-separated BK,BV,warps,stages")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
     mod = delta._module(args.decay, args.read, False, torch.float32)
@@ -89,6 +107,9 @@ def main():
             rows.append(dict(kernel="output", variant=variant, us=round(time_output(mod, x, args.n, variant) * 1e3, 1)))
         except Exception as e:  # a variant out of shared memory or registers
             rows.append(dict(kernel="output", variant=variant, error=repr(e)[:200]))
+        print(rows[-1], flush=True)
+    for variant in args.dv.split(";"):
+        rows.append(dict(kernel="dv", variant=variant, us=round(time_dv(mod, x, args.n, variant) * 1e3, 1)))
         print(rows[-1], flush=True)
     for variant in args.state.split(";"):
         rows.append(dict(kernel="state", variant=variant, us=round(time_state(mod, x, variant) * 1e3, 1)))
