@@ -146,6 +146,13 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     return o, ht, tm, sc
 
 
+def dv_key_block(dtype: torch.dtype, K: int, BK: int) -> int:
+    """The key block of the backward's A^T dO: whole key rows up to 128 for 2-byte inputs, so that its scores are one
+    dot rather than a loop whose loads wait on the previous block's dots (gated_deltanet's, alone on the H200: 200 us
+    at 64, 146 at 128; bench/results/NOTES.md); float32 tiles keep the configuration's."""
+    return max(BK, min(128, pow2(K))) if dtype.itemsize == 2 else BK
+
+
 def output_stages(dtype: torch.dtype, stages: int) -> int:
     """The output kernel's pipeline stages: at least two for 2-byte inputs, so that its key loop's loads (q, a, S0)
     overlap the previous block's dots (bench/results/NOTES.md); float32 tiles at two stages spill by the tens of KB."""
@@ -195,7 +202,8 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     du = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
     nsub, step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](
-        q, qs, a, g, sc, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=step, SPAN=diagonal_span(a.dtype), **common,
+        q, qs, a, g, sc, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=step, SPAN=diagonal_span(a.dtype),
+        **dict(common, BK=dv_key_block(a.dtype, K, shapes["BK"])),
     )  # fmt: skip
     dh = torch.empty_like(h)
     dh0 = torch.empty_like(h0)
