@@ -166,16 +166,18 @@ def test_packed_sequences(name):
     _check(name, cu=[0, 1, 18, 53], seed=3)
 
 
-@pytest.mark.parametrize("name,rows", [("gated_deltaproduct", (2, 1)), ("rwkv7", (2, 1)), ("product_3", (1, 0))])
-def test_the_read_out_takes_the_read_rows_alone(name, rows, monkeypatch):
+@pytest.mark.parametrize("name,rows,n", [("gated_deltaproduct", (2, 1), 2), ("rwkv7", (2, 1), 2), ("product_3", (1, 0), 3)])
+def test_the_read_out_takes_the_read_rows_alone(name, rows, n, monkeypatch):
     """A read at one sub-step of n: the output kernel and the backward's A^T dO take that sub-step's BT / n rows alone
     where n leaves a power of two of at least 16 tokens a chunk (gated_deltaproduct's 64 sub-tokens, rwkv7's 32), else
-    every row (n = 3), and the reads and every gradient stay exact."""
-    chosen = []
-    real = delta.read_rows
+    every row (n = 3); the kernels are given a query row per token, not per sub-token; the reads and every gradient
+    stay exact."""
+    chosen, per_query = [], []
+    real, real_rows = delta.read_rows, delta.query_rows
     monkeypatch.setattr(delta, "read_rows", lambda *args: chosen.append(real(*args)) or chosen[-1])
+    monkeypatch.setattr(delta, "query_rows", lambda *args: per_query.append(real_rows(*args)) or per_query[-1])
     _check(name, T=45, gate="normal", seed=5)
-    assert set(chosen) == {rows}
+    assert set(chosen) == {rows} and set(per_query) == {n}
 
 
 def test_without_an_initial_state():

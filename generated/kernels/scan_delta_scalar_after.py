@@ -261,13 +261,13 @@ def scan_delta_scalar_after_float32_state_kernel(
 def scan_delta_scalar_after_float32_output_kernel(
     q, qs, a, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NSUB: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """o = (q e^E) S0 + A U per chunk, at the chunk's read rows: every row, or
     where a token is NSUB sub-tokens (lamixer.runtime.substeps) and is read at its sub-token STEP, those BT / NSUB rows
-    alone (the other rows of o are left unwritten: no one reads them). One program per (value block, chunk, sequence
-    x head); key blocks in a loop."""
+    alone (the other rows of o are left unwritten: no one reads them). q: a row per QN rows (1, or a token's for its QN
+    sub-tokens). One program per (value block, chunk, sequence x head); key blocks in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
@@ -306,7 +306,7 @@ def scan_delta_scalar_after_float32_output_kernel(
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_q = tl.load(q + (t_r[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [rows, BK]
+        b_q = tl.load(q + ((t_r // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_Ak = tl.where(m_p, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_p, b_E[:, None] - b_B[None, :], float("-inf"))), 0.)  # [BT, BT]

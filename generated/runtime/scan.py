@@ -20,7 +20,7 @@ import contextlib
 import contextvars
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -247,15 +247,31 @@ class ScanOperands:
     # that read's output unwritten (the delta rule's output kernel does), or compute every row
     sub_steps: int = 1
     read_steps: tuple[int, ...] = ()
+    # the reads' queries one row per token, each for its token's sub_steps rows (lamixer.runtime.substeps), rather than
+    # one per row: an implementation takes them so (the delta rule's chunk kernels) or calls sub_token_reads() first
+    reads_per_token: bool = False
 
     @property
     def positions(self) -> str:
         """The reads' positions joined by "_" (as the recurrent template takes them)."""
         return "_".join(p for _, p in self.reads)
 
+    def sub_token_reads(self) -> ScanOperands:
+        """These operands with a query row per sub-token: each token's copied to its sub_steps rows."""
+        if not self.reads_per_token:
+            return self
+        return replace(self, reads=[(sub_token_rows(q, self.sub_steps), p) for q, p in self.reads], reads_per_token=False)
+
+
+def sub_token_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, T, ..] -> [B, T * n, ..]: each token's row copied to its n sub-tokens' rows, contiguous (a reshape of an
+    expand would be a view with stride 0 along the rows where T = 1)."""
+    return x.repeat_interleave(n, dim=1)
+
 
 def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The chunked scan in PyTorch, one sequence at a time when packed: ([o per read], final state)."""
+    ops = ops.sub_token_reads()
     a = ops.a
     g = ops.g if ops.g is not None else a.new_zeros(*a.shape[:3], 1)
     modes = [POSITIONS[p] for _, p in ops.reads]

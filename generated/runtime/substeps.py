@@ -62,12 +62,9 @@ def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, re
         # made on the device (fills), not copied from the host: a CUDA graph's capture refuses host-to-device copies
         marks = torch.stack([torch.full((), bool(w[4]), dtype=torch.bool, device=h0.device) for w in writes])
         before = marks.reshape(1, 1, n, 1, 1).expand(B, T, n, H, 1).reshape(B, T * n, H, 1)
-    queries = []
-    for q, _, position in reads:
-        q = _full(one if q is None else q, shape, K, h0)
-        queries.append((q.unsqueeze(2).expand(B, T, n, H, K).reshape(B, T * n, H, K), position))
+    queries = [(_full(one if q is None else q, shape, K, h0), position) for q, _, position in reads]  # a row per token
     cu = None if cu_seqlens is None else cu_seqlens * n
     ops = ScanOperands(a, b, c, g, decay, queries, [None] * len(reads), h0, cu, chunk, c_before=before, sub_steps=n,
-                       read_steps=tuple(step for _, step, _ in reads))  # fmt: skip
+                       read_steps=tuple(step for _, step, _ in reads), reads_per_token=True)  # fmt: skip
     outs, final = scan(ops)
     return [o.reshape(B, T, n, H, V)[:, :, step] for o, (_, step, _) in zip(outs, reads)], final

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime import fuse
-from ..runtime.scan import ScanOperands
+from ..runtime.scan import ScanOperands, sub_token_rows
 from .config import Config
 from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, diagonal_span, launch_args, pow2, run_scan_op, state_key_block, state_stages
 from .loader import kernels
@@ -42,14 +42,15 @@ SOLVE_HALF = "tf32"
 CHUNK_BLOCK = 64
 
 
-def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Config, precision: str, tm: torch.Tensor | None = None):
+def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Config, precision: str, tm: torch.Tensor | None = None,
+             qn: int = 1):  # fmt: skip
     """The solve and prepare kernels: (T, the read's scores where the kernels keep them (else an empty tensor), W, U0,
     what a per-key decay's sequential passes read (else Nones): the weighed write keys, the chunks' log decays and, in
     the backward, the weighed queries, then the number of chunks, and the chunk layout with the launch shapes).
 
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's): then neither T
     nor the scores are made again (the scores come back empty), and the queries are weighed where the kernels read them
-    so (READS_WEIGHED)."""
+    so (READS_WEIGHED). qn: q's rows per query row (query_rows)."""
     B, T, H, K = a.shape
     V = b.shape[-1]
     BT, BV = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, pow2(V)))
@@ -70,7 +71,7 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     if forward and mod.SCORES_KEPT:
         sc = torch.empty_like(tm)
         getattr(mod, f"{mod.NAME}_solve_kernel")[grid_chunks](
-            q, qs, a, c, g, tm, sc, cu, indices, T, H=H, K=K, BT=BT, BK=BK, USE_QS=qs is not None, IS_VARLEN=varlen,
+            q, qs, a, c, g, tm, sc, cu, indices, T, H=H, K=K, BT=BT, BK=BK, QN=qn, USE_QS=qs is not None, IS_VARLEN=varlen,
             **solving, **launch_args(c_cfg),
         )  # fmt: skip
     w = torch.empty(B, T, H, K, dtype=a.dtype, device=a.device)
@@ -95,10 +96,11 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     return tm, sc, w, u0, (ad, gl, qd), NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
-def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None):
+def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None,
+             qn: int = 1):  # fmt: skip
     """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, what a per-key decay's
     sequential passes read (_prepare's), states at chunk starts, final state, chunk layout)."""
-    tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm)
+    tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm, qn)
     ad, gl, _ = reach
     B, T, H, K = a.shape
     V = b.shape[-1]
@@ -129,21 +131,34 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     empty), both kept for the backward so that it does not make them again). erase_before:
     the erase reads S_{t-1} instead (S_{t-1}^T c_t, the generalized delta rule). sub_steps, step: o is used at rows
     t with t % sub_steps == step only (ScanOperands' hint), and the output kernel computes those rows alone where
-    sub_steps divides its chunks (read_rows), leaving the others unwritten.
+    sub_steps divides its chunks (read_rows), leaving the others unwritten. q may hold a row per token of sub_steps
+    rows (query_rows), which the kernels read for each of its rows.
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
-    tm, sc, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, True, acc_precision(h0.dtype))
+    qn = query_rows(q, a, sub_steps)
+    tm, sc, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, True,
+                                                                         acc_precision(h0.dtype), qn=qn)  # fmt: skip
     B, T, H, _ = a.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     nsub, step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
-        q, qs, a, g, h, u, sc, o, cu_seqlens, indices, T, NSUB=nsub, STEP=step, USE_QS=qs is not None, SPAN=diagonal_span(a.dtype),
+        q, qs, a, g, h, u, sc, o, cu_seqlens, indices, T, NSUB=nsub, STEP=step, QN=qn, USE_QS=qs is not None, SPAN=diagonal_span(a.dtype),
         PRECISION="ieee", **dict(shapes, num_stages=output_stages(a.dtype, shapes["num_stages"])),
     )  # fmt: skip
     return o, ht, tm, sc
+
+
+def query_rows(q: torch.Tensor, a: torch.Tensor, sub_steps: int) -> int:
+    """Rows of the scan per row of q: 1, or sub_steps where q holds a row per token of sub_steps sub-tokens
+    (ScanOperands.reads_per_token)."""
+    if q.shape[1] == a.shape[1]:
+        return 1
+    if q.shape[1] * sub_steps != a.shape[1]:
+        raise ValueError(f"delta_scan: q has {q.shape[1]} rows for {a.shape[1]} rows of {sub_steps} sub-steps per token")
+    return sub_steps
 
 
 def dv_key_block(dtype: torch.dtype, K: int, BK: int) -> int:
@@ -185,7 +200,19 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
                     decay: str, read: str, cfg: list[int], erase_before: bool = False, sub_steps: int = 1,
                     step: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step: the forward's (dO is 0
-    but at the rows its output kernel computed, and A^T dO takes those alone)."""
+    but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is copied to its
+    sub-tokens' rows for the kernels, and its gradient is the read's rows of theirs: dq is 0 at the others, as dO is."""
+    qn = query_rows(q, a, sub_steps)
+    if qn == 1:
+        return _backward_rows(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before, sub_steps, step)
+    dq, *grads = _backward_rows(sub_token_rows(q, qn), qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg,
+                                erase_before, sub_steps, step)  # fmt: skip
+    return (dq[:, step::qn].contiguous(), *grads)
+
+
+def _backward_rows(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay: str, read: str, cfg: list[int], erase_before: bool,
+                   sub_steps: int, step: int) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """_delta_backward with q a row per row of the scan."""
     mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
     acc = h0.dtype
