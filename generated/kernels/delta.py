@@ -82,8 +82,8 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     if decay == "key":
         ad, gl = torch.empty_like(w), torch.empty(NC, H, K, dtype=acc, device=a.device)
     weigh_reads = not forward and mod.READS_WEIGHED
-    if weigh_reads:
-        qd = torch.empty_like(q)
+    if weigh_reads:  # a row per row of the scan: each weighed from its own chunk's start
+        qd = torch.empty_like(a)
     # a per-key decay's blocks each make their own decay terms (cumsums and exps along the key block): one program per
     # block; the other decays' blocks are a product each, sharing the chunk's terms, so one program takes a chunk's
     # blocks in turn (one per block was 25 us slower in gated_deltanet's and deltanet's backward: bench/results/NOTES.md)
@@ -91,7 +91,7 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     parts = cdiv(K, BK) + cdiv(V, BV) if split else 1
     getattr(mod, f"{mod.NAME}_prepare_kernel")[(parts, *grid_chunks)](
         a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split, CAUSAL=forward,
-        WEIGH_READS=weigh_reads, USE_QS=qs is not None, **solving, **shapes,
+        WEIGH_READS=weigh_reads, QN=qn, USE_QS=qs is not None, **solving, **shapes,
     )  # fmt: skip
     return tm, sc, w, u0, (ad, gl, qd), NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
@@ -201,23 +201,15 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
                     step: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step: the forward's (dO is 0
     but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is copied to its
-    sub-tokens' rows for the kernels, and its gradient is the read's rows of theirs: dq is 0 at the others, as dO is."""
-    qn = query_rows(q, a, sub_steps)
-    if qn == 1:
-        return _backward_rows(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before, sub_steps, step)
-    dq, *grads = _backward_rows(sub_token_rows(q, qn), qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg,
-                                erase_before, sub_steps, step)  # fmt: skip
-    return (dq[:, step::qn].contiguous(), *grads)
-
-
-def _backward_rows(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay: str, read: str, cfg: list[int], erase_before: bool,
-                   sub_steps: int, step: int) -> tuple[torch.Tensor, ...]:  # fmt: skip
-    """_delta_backward with q a row per row of the scan."""
+    sub-tokens' rows for the reverse pass where it reads q itself; the other kernels read the token's row, and dq's row
+    is the read's sub-token's (dq is 0 at the others, as dO is)."""
     mod = _module(decay, read, erase_before, h0.dtype)
+    qn = query_rows(q, a, sub_steps)
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = acc_precision(acc)
-    _, _, w, u, (ad, gl, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False, precision, tm)
+    _, _, w, u, (ad, gl, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False,
+                                                                                       precision, tm, qn)  # fmt: skip
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -227,15 +219,15 @@ def _backward_rows(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay: st
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
     # dU in the inputs' dtype, as the other intermediates (the template's header)
     du = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
-    nsub, step = read_rows(sub_steps, step, shapes["BT"])
+    nsub, rows_step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](
-        q, qs, a, g, sc, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=step, SPAN=diagonal_span(a.dtype),
+        q, qs, a, g, sc, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=rows_step, QN=qn, SPAN=diagonal_span(a.dtype),
         **dict(common, BK=dv_key_block(a.dtype, K, shapes["BK"])),
     )  # fmt: skip
     dh = torch.empty_like(h)
     dh0 = torch.empty_like(h0)
     # the reverse pass reads the queries weighed as the prepare kernel left them, qs applied, where it made them
-    rq, rqs = (qd, None) if qd is not None else (q, qs)
+    rq, rqs = (qd, None) if qd is not None else (q if qn == 1 else sub_token_rows(q, qn), qs)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
         rq, rqs, a, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
         USE_DHT=True, **dict(common, USE_QS=rqs is not None, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
@@ -254,7 +246,8 @@ def _backward_rows(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay: st
     else:  # its terms, summed over each key block
         xq, xr = (torch.empty(NK, B, T, H, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
-        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, cu_seqlens, indices, T, B * T * H, SPAN=diagonal_span(a.dtype),
+        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, cu_seqlens, indices, T, B * T * H, QN=qn,
+        STEP=step if qn > 1 else 0, SPAN=diagonal_span(a.dtype),
         **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps),
     )  # fmt: skip
     if g is None:

@@ -123,8 +123,8 @@ def scan_delta_key_after_float32_solve_kernel(
 def scan_delta_key_after_float32_prepare_kernel(
     a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, USE_QS: tl.constexpr,
-    SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, QN: tl.constexpr,
+    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
     PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V]; the
@@ -254,7 +254,7 @@ def scan_delta_key_after_float32_prepare_kernel(
             tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
             tl.store(gl + (i_ct * H + i_h) * K + o_k, b_last, mask=m_k)
             if WEIGH_READS:
-                b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
+                b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
                 if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                     b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
                 tl.store(qd + (t[:, None] * H + i_h) * K + o_k[None, :], (b_q * tl.exp(b_E)).to(qd.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
@@ -301,7 +301,7 @@ def scan_delta_key_after_float32_prepare_kernel(
             tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
             tl.store(gl + (i_ct * H + i_h) * K + o_k, b_last, mask=m_k)
             if WEIGH_READS:
-                b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
+                b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
                 if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                     b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
                 tl.store(qd + (t[:, None] * H + i_h) * K + o_k[None, :], (b_q * tl.exp(b_E)).to(qd.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
@@ -493,8 +493,8 @@ def scan_delta_key_after_float32_output_kernel(
 def scan_delta_key_after_float32_bwd_dv_kernel(
     q, qs, a, g, sc, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NSUB: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The chunk-local part of dU: A^T dO into du [B, T, H, V], A as the forward's solve kernel stored it (sc), over the read
     rows the output kernel computed (NSUB, STEP: dO is 0 at the others). One program per (chunk, sequence x head)."""
@@ -702,14 +702,17 @@ def scan_delta_key_after_float32_bwd_dgs_kernel(
 def scan_delta_key_after_float32_bwd_grad_kernel(
     q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V];
     and d(log decay) from the float32 gradients, before they are rounded: its terms xq = q * dq and xr = c * dc - a * da
     (per key, finished here: d(log decay) itself into xq, [B, T, H, K] in g's dtype), which the suffix sums within the chunk and the chunk's whole-decay term dgs finish.
 
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
-    [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db).
+    [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db). q and dq: a row
+    per QN rows (1, or a token's for its QN sub-tokens), dq stored from the rows at sub-token STEP (dO, and so dq,
+    is 0 at the others).
     """
     i_k, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -734,7 +737,7 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     m_tk = m_t[:, None] & m_k[None, :]
     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_q = tl.load(q + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
+    b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
@@ -830,7 +833,7 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     b_dq += b_fd[:, None] * b_a.to(tl.float32)
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
-    tl.store(dq + p_k, b_dq.to(dq.dtype.element_ty), mask=m_tk)
+    tl.store(dq + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk & (t % QN == STEP)[:, None])
     # the writes' a da, but at the chunk's last write, whose reach no decay weighs: there the other writes' reach to
     # the chunk's end, which the suffix sums then give every token of the chunk (less the writes from it on)
     b_xa = tl.where(m_last[:, None], -b_xs[None, :], b_a.to(tl.float32) * b_da)
