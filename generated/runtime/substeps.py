@@ -10,12 +10,14 @@ every n-th sub-token. A write whose erase reads the state before its decays mark
 chunk kernels (each sub-token a row of their chunks: a sub-step without a decay has a log decay of 0, one
 without a value term b = 0, without an erase c = 0) or the recurrent kernel.
 
-The cost of the queries: each read's query is copied to every sub-token of its token ([n T, K] per read, as the keys
-are), and the scan is told that only the read's own sub-step is used (ScanOperands.sub_steps, read_steps). The delta
-rule's output kernel then computes those rows alone, O(T C (K + V)) for chunks of C sub-tokens rather than n times
-that, and so does the backward's A^T dO (dO is 0 at the others); the other implementations compute a read at every
-sub-token, and the n - 1 others are dropped here. The state work, solve and other gradients are n times a token's
-anyway.
+The cost of the queries: each read's query is given a row per token (ScanOperands.reads_per_token), and the scan is
+told that only the read's own sub-step is used (ScanOperands.sub_steps, read_steps). The delta rule's chunk kernels
+read the token's row for each of its sub-tokens and store dq at the read's (a copy to the sub-tokens only for the
+reverse pass where it reads the queries unweighed), and its output kernel computes the read's rows alone,
+O(T C (K + V)) for chunks of C sub-tokens rather than n times that, as does the backward's A^T dO (dO is 0 at the
+others); the other implementations copy the queries to every sub-token first (ScanOperands.sub_token_reads), compute
+a read at every sub-token, and the n - 1 others are dropped here. The state work, solve and other gradients are n
+times a token's anyway.
 """
 from __future__ import annotations
 
