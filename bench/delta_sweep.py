@@ -27,13 +27,14 @@ DV = "64,128,4,1;64,128,4,2;128,128,4,1;128,128,4,2"
 OUTPUT = "64,64,128,4,1;64,64,128,4,2;64,64,128,4,3;64,128,128,4,1;64,128,128,4,2;64,128,128,8,1;64,64,64,4,2;64,64,128,8,2"
 
 
-def operands(decay: str, B: int, T: int, H: int, D: int, device: str = "cuda") -> dict:
-    """bf16 operands of one scan over T rows: l2-normalised write keys, weak log decays, bounded values and states."""
+def operands(decay: str, B: int, T: int, H: int, D: int, n: int = 1, device: str = "cuda") -> dict:
+    """bf16 operands of one scan over T rows: l2-normalised write keys, weak log decays, bounded values and states;
+    the queries a row per n rows (a token's, as lamixer.runtime.substeps gives them)."""
     torch.manual_seed(0)
     bf = dict(device=device, dtype=torch.bfloat16)
     a = torch.nn.functional.normalize(torch.randn(B, T, H, D, device=device), dim=-1).to(torch.bfloat16)
     return dict(
-        q=torch.randn(B, T, H, D, **bf) * D**-0.5, a=a, w=torch.randn(B, T, H, D, **bf) * 0.1,
+        q=torch.randn(B, T // n, H, D, **bf) * D**-0.5, a=a, w=torch.randn(B, T, H, D, **bf) * 0.1,
         g=(-0.05 * torch.rand(B, T, H, device=device)) if decay == "scalar" else None,
         u=torch.randn(B, T, H, D, **bf), h0=torch.zeros(B, H, D, D, device=device),
     )  # fmt: skip
@@ -50,7 +51,7 @@ def time_output(mod, x: dict, n: int, variant: str) -> float:
 
     def run():
         kernel[grid](x["q"], None, x["a"], x["g"], h, x["u"], None, o, None, None, T, H=H, K=D, V=D, BT=BT, BK=BK, BV=BV,
-                     NSUB=nsub, STEP=step, USE_QS=False, SPAN=diagonal_span(torch.bfloat16), IS_VARLEN=False,
+                     NSUB=nsub, STEP=step, QN=n, USE_QS=False, SPAN=diagonal_span(torch.bfloat16), IS_VARLEN=False,
                      PRECISION="ieee", num_warps=warps, num_stages=stages)  # fmt: skip
 
     return do_bench(run, warmup=25, rep=200)
@@ -65,7 +66,7 @@ def time_dv(mod, x: dict, n: int, variant: str) -> float:
 
     def run():
         kernel[(cdiv(T, CHUNK), B * H)](x["q"], None, x["a"], x["g"], None, x["u"], du, None, None, T, H=H, K=D, V=D, BT=CHUNK,
-                                        BK=BK, BV=BV, NSUB=nsub, STEP=step, USE_QS=False, SPAN=diagonal_span(torch.bfloat16),
+                                        BK=BK, BV=BV, NSUB=nsub, STEP=step, QN=n, USE_QS=False, SPAN=diagonal_span(torch.bfloat16),
                                         IS_VARLEN=False, PRECISION="ieee", ACC_PRECISION=acc_precision(torch.float32),
                                         num_warps=warps, num_stages=stages)  # fmt: skip
 
@@ -100,7 +101,7 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()
     mod = delta._module(args.decay, args.read, False, torch.float32)
-    x = operands(args.decay, bench.BT_TOTAL // args.T, args.n * args.T, bench.H, bench.D)
+    x = operands(args.decay, bench.BT_TOTAL // args.T, args.n * args.T, bench.H, bench.D, args.n)
     rows = []
     for variant in args.output.split(";"):
         try:
