@@ -125,19 +125,20 @@ def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
 
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
-                   erase_before: bool = False, sub_steps: int = 1, step: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   erase_before: bool = False, sub_steps: int = 1, step: int = 0,
+                   qn: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
     the chunks' T = (I - M)^-1 [B, T, H, BT] and the read's scores [B, T, H, BT] where the kernels keep them (else
     empty), both kept for the backward so that it does not make them again). erase_before:
     the erase reads S_{t-1} instead (S_{t-1}^T c_t, the generalized delta rule). sub_steps, step: o is used at rows
     t with t % sub_steps == step only (ScanOperands' hint), and the output kernel computes those rows alone where
-    sub_steps divides its chunks (read_rows), leaving the others unwritten. q may hold a row per token of sub_steps
-    rows (query_rows), which the kernels read for each of its rows.
+    sub_steps divides its chunks (read_rows), leaving the others unwritten. qn: rows per row of q (1, or sub_steps
+    where q holds a row per token: ScanOperands.reads_per_token), which the kernels read for each of those rows.
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
-    qn = query_rows(q, a, sub_steps)
+    qn = query_rows(q, a, qn)
     tm, sc, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, True,
                                                                          acc_precision(h0.dtype), qn=qn)  # fmt: skip
     B, T, H, _ = a.shape
@@ -151,14 +152,11 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     return o, ht, tm, sc
 
 
-def query_rows(q: torch.Tensor, a: torch.Tensor, sub_steps: int) -> int:
-    """Rows of the scan per row of q: 1, or sub_steps where q holds a row per token of sub_steps sub-tokens
-    (ScanOperands.reads_per_token)."""
-    if q.shape[1] == a.shape[1]:
-        return 1
-    if q.shape[1] * sub_steps != a.shape[1]:
-        raise ValueError(f"delta_scan: q has {q.shape[1]} rows for {a.shape[1]} rows of {sub_steps} sub-steps per token")
-    return sub_steps
+def query_rows(q: torch.Tensor, a: torch.Tensor, qn: int) -> int:
+    """qn, the scan's rows per row of q, once q's rows are checked against it."""
+    if q.shape[1] * qn != a.shape[1]:
+        raise ValueError(f"delta_scan: q has {q.shape[1]} rows for the scan's {a.shape[1]} at {qn} per query row")
+    return qn
 
 
 def dv_key_block(dtype: torch.dtype, K: int, BK: int) -> int:
@@ -187,7 +185,7 @@ delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward,
 
 
 @delta_scan.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1):
     B, T, H, K = a.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     tm = a.new_empty(B, T, H, Config.from_list(cfg).BT)
@@ -197,14 +195,14 @@ def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, s
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                     h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, sc: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
-                    decay: str, read: str, cfg: list[int], erase_before: bool = False, sub_steps: int = 1,
-                    step: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step: the forward's (dO is 0
-    but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is copied to its
-    sub-tokens' rows for the reverse pass where it reads q itself; the other kernels read the token's row, and dq's row
-    is the read's sub-token's (dq is 0 at the others, as dO is)."""
+                    decay: str, read: str, cfg: list[int], erase_before: bool = False, sub_steps: int = 1, step: int = 0,
+                    qn: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step, qn: the forward's (dO is
+    0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is copied to
+    its sub-tokens' rows for the reverse pass where it reads q itself; the other kernels read the token's row, and
+    dq's row is the read's sub-token's (dq is 0 at the others, as dO is)."""
     mod = _module(decay, read, erase_before, h0.dtype)
-    qn = query_rows(q, a, sub_steps)
+    qn = query_rows(q, a, qn)
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = acc_precision(acc)
@@ -308,22 +306,22 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 
 
 @delta_scan_backward.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1):
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step = inputs
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step, qn = inputs
     ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2], output[3])
-    ctx.config = (decay, read, cfg, erase_before, sub_steps, step)
+    ctx.config = (decay, read, cfg, erase_before, sub_steps, step, qn)
 
 
 def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
     q, qs, a, b, c, g, h0, cu_seqlens, tm, sc = ctx.saved_tensors
     dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, *ctx.config)
-    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None, None, None
+    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None, None, None, None
 
 
 def _backward(ctx, do, dht, _dtm, _dsc):
@@ -362,6 +360,7 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[to
     qs = qs.to(acc).contiguous() if qs is not None else None
     erase_before = ops.c_before is not None and ops.decay != "none"  # without a decay, before and after are one state
     sub_steps, step = (ops.sub_steps, ops.read_steps[0]) if ops.sub_steps > 1 else (1, 0)  # the read's rows (its hint)
-    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step)
+    qn = ops.sub_steps if ops.reads_per_token else 1
+    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step, qn)
     o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht
