@@ -5,8 +5,8 @@ says a kernel is slow, which tiles, warps and stages it wants.
     python bench/delta_sweep.py [--decay scalar] [--T 8192] [--n 2] [--out DIR]
 
 --n: sub-tokens per token (a read at one of them: the output kernel's NSUB rows), so the kernels run over n T rows.
-An output variant is BT,BK,BV,warps,stages; a state variant BV,warps (the value block of a program, which holds
-the whole [K, BV] state); a dv variant (the backward's A^T dO) BK,BV,warps,stages.
+An output variant is BT,BK,BV,warps,stages; a state variant BV,warps[,stages] (the value block of a program, which
+holds the whole [K, BV] state; the stages launch.state_stages' unless given); a dv variant (the backward's A^T dO) BK,BV,warps,stages.
 """
 from __future__ import annotations
 
@@ -74,8 +74,9 @@ def time_dv(mod, x: dict, n: int, variant: str) -> float:
 
 
 def time_state(mod, x: dict, variant: str) -> float:
-    BV, warps = (int(v) for v in variant.split(","))
+    BV, warps, *stages = (int(v) for v in variant.split(","))
     B, T, H, D = x["a"].shape
+    stages = stages[0] if stages else state_stages(torch.bfloat16, D)
     h = torch.empty(B * cdiv(T, CHUNK), H, D, D, device=x["a"].device, dtype=torch.bfloat16)
     ht = torch.empty(B, H, D, D, device=x["a"].device)
     u = torch.empty_like(x["u"])
@@ -84,7 +85,7 @@ def time_state(mod, x: dict, variant: str) -> float:
     def run():
         kernel[(cdiv(D, BV), B * H)](x["a"], None, x["g"], None, x["w"], x["u"], x["h0"], h, u, ht, None, None, T, H=H, K=D,
                                      V=D, BT=CHUNK, BK=state_key_block(D), BV=BV, STORE_HT=True, IS_VARLEN=False,
-                                     ACC_PRECISION=acc_precision(torch.float32), num_warps=warps, num_stages=state_stages(torch.bfloat16, D))  # fmt: skip
+                                     ACC_PRECISION=acc_precision(torch.float32), num_warps=warps, num_stages=stages)  # fmt: skip
 
     return do_bench(run, warmup=25, rep=200)
 
@@ -96,7 +97,7 @@ def main():
     ap.add_argument("--T", type=int, default=8192, help="tokens (the kernels run over n T rows)")
     ap.add_argument("--n", type=int, default=2)
     ap.add_argument("--output", default=OUTPUT, help="';'-separated BT,BK,BV,warps,stages")
-    ap.add_argument("--state", default=STATE, help="';'-separated BV,warps")
+    ap.add_argument("--state", default=STATE, help="';'-separated BV,warps[,stages]")
     ap.add_argument("--dv", default=DV, help="';'-separated BK,BV,warps,stages")
     ap.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(__file__), "results")))
     args = ap.parse_args()

@@ -167,9 +167,11 @@ def dv_key_block(dtype: torch.dtype, K: int, BK: int) -> int:
 
 
 def output_stages(dtype: torch.dtype, stages: int) -> int:
-    """The output kernel's pipeline stages: at least two for 2-byte inputs, so that its key loop's loads (q, a, S0)
-    overlap the previous block's dots (bench/results/NOTES.md); float32 tiles at two stages spill by the tens of KB."""
-    return max(2, stages) if dtype.itemsize == 2 else stages
+    """The output kernel's pipeline stages: at least three for 2-byte inputs, so that its key loop's loads (q, a, S0)
+    overlap the previous blocks' dots (timed alone on the H200 at 64-wide key blocks, one to three writes per token, no
+    or a scalar decay: three stages 7 to 14 % faster than two, four slower than three: bench/results/NOTES.md); float32
+    tiles at two stages spill by the tens of KB."""
+    return max(3, stages) if dtype.itemsize == 2 else stages
 
 
 def read_rows(sub_steps: int, step: int, BT: int) -> tuple[int, int]:
