@@ -191,6 +191,47 @@ def test_the_forward_keeps_each_chunks_inverse_for_the_backward(decay):
         assert not torch.allclose(grads[2], wrong[2])  # db = T^T (A^T dO + ...)
 
 
+@pytest.mark.parametrize("decay", ["none", "scalar", "key"])
+def test_strengths_stand_for_the_write_keys(decay):
+    """Given the writes' strengths s (strength=True), the forward's kernels make the write keys -s c from the erase
+    keys: the same outputs and final state as the keys made first, to float64's rounding, packed sequences and a
+    chunk's tail included; the gradients of s and c are those of the keys through -s c."""
+    torch.manual_seed(1)
+    B, T, H, K = 1, 45, 2, 8
+    q, b, c = (torch.randn(B, T, H, K, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    s = torch.rand(B, T, H, dtype=torch.float64, requires_grad=True)
+    g = None if decay == "none" else -torch.rand(B, T, H, *((K,) if decay == "key" else ()), dtype=torch.float64)
+    h0 = torch.randn(2, H, K, K, dtype=torch.float64)
+    cu = torch.tensor([0, 20, T])
+    cfg = Config(16, 16, 16, 4, 1).as_list()
+    made = triton_delta.delta_scan(q, None, -s[..., None] * c, b, c, g, h0, cu, decay, "after", cfg)
+    taken = triton_delta.delta_scan(q, None, s, b, c, g, h0, cu, decay, "after", cfg, strength=True)
+    for x, y in zip(made[:2], taken[:2]):
+        assert (x - y).abs().max() < 1e-12 * x.abs().max()
+    do = torch.randn_like(made[0])
+    want = torch.autograd.grad((made[0] * do).sum(), (q, b, c, s))
+    args = (q, None, s, b, c, g, h0, cu, decay, "after", cfg, False, 1, 0, 1, True)
+    o, _ = triton_delta._EagerDeltaScan.apply(*args)
+    got = torch.autograd.grad((o * do).sum(), (q, b, c, s))
+    for name, x, y in zip(("dq", "db", "dc", "ds"), want, got):
+        assert (x - y).abs().max() < 1e-11 * x.abs().max(), name
+
+
+def test_the_plan_takes_a_delta_rules_strengths():
+    """A write key s * x beside the erase key -x (DeltaNet's beta k and -k) gives the scans s: its keys are never made
+    on the torch side (the write key's node is not evaluated); RWKV-7's a vector times its erase key does not."""
+    from lamixer.backends.evaluate import program
+
+    for name, writes in (("deltanet", 1), ("gated_deltanet", 1), ("kda", 1), ("gated_deltaproduct", 2), ("rwkv7", 0)):
+        c = lamixer.load(name).compiled
+        (group,) = c.plan.groups
+        assert len(group.strengths) == writes, name
+        scan = c.classification.scan(group.states[0])
+        evaluated = {n for n, _ in program(c).steps}
+        for w, st in zip(scan.writes, group.strengths):
+            assert c.plan.nodes[st]["op"] == "input" and w.key not in evaluated, name
+
+
 @pytest.mark.parametrize("name", DELTA, ids=os.path.basename)
 def test_wide_heads_take_several_state_blocks(name):
     """K = 130: the state pass holds three key blocks of 64 rows (the last one masked), every decay kind."""

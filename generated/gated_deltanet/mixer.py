@@ -73,13 +73,12 @@ def forward(call, scan):
     beta = call.inputs["beta"].to(dtype)  # [B, T, H]
     qn = ops.normalize("l2norm", q)  # [B, T, H, K]
     kn = ops.normalize("l2norm", k)  # [B, T, H, K]
-    t10 = beta[..., None] * kn  # [B, T, H, K]
     t16 = scale * qn  # [B, T, H, K]
     t24 = 0.0 - kn  # [B, T, H, K]
     # scan S: delta write, scalar decay, chunk 64
     [[o]], [S] = scan_group(
         scan[0][0], (B, T, H),
-        key=t10,
+        key=None,
         values=[v],
         erase=t24,
         log_decay=g,
@@ -89,5 +88,6 @@ def forward(call, scan):
         cu_seqlens=call.cu_seqlens,
         chunk=64,
         normaliser=scan[0][1],
+        strength=beta,  # the write key is -strength * erase
     )
     return o.to(call.out_dtype), [S]

@@ -80,8 +80,6 @@ def forward(call, scan):
     g = call.inputs["g"].to(dtype)  # [B, T, H]
     kn1 = ops.normalize("l2norm", k1)  # [B, T, H, K]
     kn2 = ops.normalize("l2norm", k2)  # [B, T, H, K]
-    t13 = beta1[..., None] * kn1  # [B, T, H, K]
-    t18 = beta2[..., None] * kn2  # [B, T, H, K]
     t24 = ops.normalize("l2norm", q)  # [B, T, H, K]
     t25 = scale * t24  # [B, T, H, K]
     t33 = 0.0 - kn1  # [B, T, H, K]
@@ -89,11 +87,12 @@ def forward(call, scan):
     # scan S: 2 writes per token (delta), scalar decay, chunk 64
     [o], S = substep_scan(
         scan[0][0], (B, T, H),
-        writes=[(t13, v1, t33, g, False), (t18, v2, t35, None, False)],  # (key, value, erase, log decay, erase before decay) per write, in order
+        writes=[(None, v1, t33, g, False), (None, v2, t35, None, False)],  # (key, value, erase, log decay, erase before decay) per write, in order
         decay="scalar",
         reads=[(t25, 1, "after")],
         h0=call.initial_state["S"],
         cu_seqlens=call.cu_seqlens,
         chunk=64,
+        strengths=[beta1, beta2],  # each write's key is -strength * erase
     )
     return o.to(call.out_dtype), [S]

@@ -43,15 +43,16 @@ CHUNK_BLOCK = 64
 
 
 def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Config, precision: str, tm: torch.Tensor | None = None,
-             qn: int = 1):  # fmt: skip
+             qn: int = 1, strength: bool = False):  # fmt: skip
     """The solve and prepare kernels: (T, the read's scores where the kernels keep them (else an empty tensor), W, U0,
     what a per-key decay's sequential passes read (else Nones): the weighed write keys, the chunks' log decays and, in
     the backward, the weighed queries, then the number of chunks, and the chunk layout with the launch shapes).
 
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's): then neither T
     nor the scores are made again (the scores come back empty), and the queries are weighed where the kernels read them
-    so (READS_WEIGHED). qn: q's rows per query row (query_rows)."""
-    B, T, H, K = a.shape
+    so (READS_WEIGHED). qn: q's rows per query row (query_rows). strength: a holds the writes' strengths s [B, T, H],
+    the write key being -s c (write_keys)."""
+    B, T, H, K = c.shape
     V = b.shape[-1]
     BT, BV = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, pow2(V)))
     BK = min(c_cfg.BK, pow2(K))  # the key block of the per-chunk kernels (the state pass: state_key_block)
@@ -59,12 +60,12 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     NC, indices, offsets = chunks(cu, B, T, BT)
     grid_chunks = (cdiv(T, BT), B * H) if not varlen else (NC, H)
     forward = tm is None
-    sc = a.new_empty(0)
+    sc = c.new_empty(0)
     shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
-    solving = dict(SPAN=diagonal_span(a.dtype), PRECISION="ieee", ACC_PRECISION=precision,
-                   SOLVE_PRECISION=precision if a.dtype == acc else acc_precision(acc, SOLVE_HALF))  # fmt: skip
+    solving = dict(SPAN=diagonal_span(c.dtype), PRECISION="ieee", ACC_PRECISION=precision, STRENGTH=strength,
+                   SOLVE_PRECISION=precision if c.dtype == acc else acc_precision(acc, SOLVE_HALF))  # fmt: skip
     if forward:  # T in the inputs' dtype: every use of it (and of the scores) rounds it to that (the template's `mm`)
-        tm = torch.empty(B, T, H, BT, dtype=a.dtype, device=a.device)
+        tm = torch.empty(B, T, H, BT, dtype=c.dtype, device=c.device)
     # the prepare kernel solves for T itself unless the solve kernel does (making the read's scores beside T) or the
     # forward did
     solve = forward and not mod.SCORES_KEPT
@@ -74,16 +75,16 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
             q, qs, a, c, g, tm, sc, cu, indices, T, H=H, K=K, BT=BT, BK=BK, QN=qn, USE_QS=qs is not None, IS_VARLEN=varlen,
             **solving, **launch_args(c_cfg),
         )  # fmt: skip
-    w = torch.empty(B, T, H, K, dtype=a.dtype, device=a.device)
-    u0 = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
+    w = torch.empty(B, T, H, K, dtype=c.dtype, device=c.device)
+    u0 = torch.empty(B, T, H, V, dtype=c.dtype, device=c.device)
     # a per-key decay's write keys weighed to the chunk's end (in the inputs' dtype, as W), the chunks' log decays and
     # for the reverse pass the queries weighed from the chunk's start
     ad, gl, qd = None, None, None
     if decay == "key":
-        ad, gl = torch.empty_like(w), torch.empty(NC, H, K, dtype=acc, device=a.device)
+        ad, gl = torch.empty_like(w), torch.empty(NC, H, K, dtype=acc, device=c.device)
     weigh_reads = not forward and mod.READS_WEIGHED
     if weigh_reads:  # a row per row of the scan: each weighed from its own chunk's start
-        qd = torch.empty_like(a)
+        qd = torch.empty_like(c)
     # a per-key decay's blocks each make their own decay terms (cumsums and exps along the key block): one program per
     # block; the other decays' blocks are a product each, sharing the chunk's terms, so one program takes a chunk's
     # blocks in turn (one per block was 25 us slower in gated_deltanet's and deltanet's backward: bench/results/NOTES.md)
@@ -97,23 +98,23 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
 
 
 def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None,
-             qn: int = 1):  # fmt: skip
+             qn: int = 1, strength: bool = False):  # fmt: skip
     """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, what a per-key decay's
     sequential passes read (_prepare's), states at chunk starts, final state, chunk layout)."""
-    tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm, qn)
+    tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm, qn, strength)
     ad, gl, _ = reach
-    B, T, H, K = a.shape
+    B, T, H, K = c.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
     BW = min(c_cfg.BW, pow2(V))
     acc = h0.dtype
     _, _, offsets, shapes = layout
-    h = torch.empty(NC, H, K, V, dtype=a.dtype, device=a.device)
-    ht = torch.empty(N, H, K, V, dtype=acc, device=a.device)
+    h = torch.empty(NC, H, K, V, dtype=c.dtype, device=c.device)
+    ht = torch.empty(N, H, K, V, dtype=acc, device=c.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
-        a, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, STORE_HT=store_ht, ACC_PRECISION=precision,
-        **dict(shapes, BK=state_key_block(K), BV=BW, num_stages=state_stages(a.dtype, K)),
+        a, c, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, STORE_HT=store_ht, STRENGTH=strength, ACC_PRECISION=precision,
+        **dict(shapes, BK=state_key_block(K), BV=BW, num_stages=state_stages(c.dtype, K)),
     )  # fmt: skip
     return tm, sc, w, u, reach, h, ht, layout
 
@@ -125,8 +126,8 @@ def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
 
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
-                   erase_before: bool = False, sub_steps: int = 1, step: int = 0,
-                   qn: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   erase_before: bool = False, sub_steps: int = 1, step: int = 0, qn: int = 1,
+                   strength: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
     the chunks' T = (I - M)^-1 [B, T, H, BT] and the read's scores [B, T, H, BT] where the kernels keep them (else
     empty), both kept for the backward so that it does not make them again). erase_before:
@@ -134,29 +135,45 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     t with t % sub_steps == step only (ScanOperands' hint), and the output kernel computes those rows alone where
     sub_steps divides its chunks (read_rows), leaving the others unwritten. qn: rows per row of q (1, or sub_steps
     where q holds a row per token: ScanOperands.reads_per_token), which the kernels read for each of those rows.
+    strength: a is the writes' strengths s [B, T, H] and the write key -s_t c_t (write_keys), which the forward's
+    kernels make from c as they load it, so that no write key tensor is written, read or kept.
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
-    qn = query_rows(q, a, qn)
+    qn = query_rows(q, c, qn)
     tm, sc, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, True,
-                                                                         acc_precision(h0.dtype), qn=qn)  # fmt: skip
-    B, T, H, _ = a.shape
+                                                                         acc_precision(h0.dtype), qn=qn, strength=strength)  # fmt: skip
+    B, T, H, _ = c.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     nsub, step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
-        q, qs, a, g, h, u, sc, o, cu_seqlens, indices, T, NSUB=nsub, STEP=step, QN=qn, USE_QS=qs is not None, SPAN=diagonal_span(a.dtype),
-        PRECISION="ieee", **dict(shapes, num_stages=output_stages(a.dtype, shapes["num_stages"])),
+        q, qs, a, c, g, h, u, sc, o, cu_seqlens, indices, T, NSUB=nsub, STEP=step, QN=qn, USE_QS=qs is not None, STRENGTH=strength,
+        SPAN=diagonal_span(c.dtype), PRECISION="ieee", **dict(shapes, num_stages=output_stages(c.dtype, shapes["num_stages"])),
     )  # fmt: skip
     return o, ht, tm, sc
 
 
-def query_rows(q: torch.Tensor, a: torch.Tensor, qn: int) -> int:
+def query_rows(q: torch.Tensor, c: torch.Tensor, qn: int) -> int:
     """qn, the scan's rows per row of q, once q's rows are checked against it."""
-    if q.shape[1] * qn != a.shape[1]:
-        raise ValueError(f"delta_scan: q has {q.shape[1]} rows for the scan's {a.shape[1]} at {qn} per query row")
+    if q.shape[1] * qn != c.shape[1]:
+        raise ValueError(f"delta_scan: q has {q.shape[1]} rows for the scan's {c.shape[1]} at {qn} per query row")
     return qn
+
+
+def write_keys(s: torch.Tensor, c: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """The write keys -s_t c_t [B, T, H, K] of strengths s [B, T, H] and erase keys c, rounded as the forward's kernels
+    round them (a product in the accumulator dtype, in c's dtype)."""
+    return (-s.to(acc).unsqueeze(-1) * c.to(acc)).to(c.dtype)
+
+
+def strength_grads(s: torch.Tensor, c: torch.Tensor, da: torch.Tensor, dc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ds, dc) of the strengths and erase keys from the gradients of the write keys -s c (da) and of the erase keys
+    alone (dc), summed in float32 or finer."""
+    acc = torch.promote_types(s.dtype, torch.float32)
+    da, sc = da.to(acc), s.to(acc).unsqueeze(-1)
+    return -(da * c.to(acc)).sum(-1).to(s.dtype), (dc.to(acc) - sc * da).to(dc.dtype)
 
 
 def dv_key_block(dtype: torch.dtype, K: int, BK: int) -> int:
@@ -167,9 +184,11 @@ def dv_key_block(dtype: torch.dtype, K: int, BK: int) -> int:
 
 
 def output_stages(dtype: torch.dtype, stages: int) -> int:
-    """The output kernel's pipeline stages: at least two for 2-byte inputs, so that its key loop's loads (q, a, S0)
-    overlap the previous block's dots (bench/results/NOTES.md); float32 tiles at two stages spill by the tens of KB."""
-    return max(2, stages) if dtype.itemsize == 2 else stages
+    """The output kernel's pipeline stages: at least three for 2-byte inputs, so that its key loop's loads (q, a, S0)
+    overlap the previous blocks' dots (timed alone on the H200 at 64-wide key blocks, one to three writes per token, no
+    or a scalar decay: three stages 7 to 14 % faster than two, four slower than three: bench/results/NOTES.md); float32
+    tiles at two stages spill by the tens of KB."""
+    return max(3, stages) if dtype.itemsize == 2 else stages
 
 
 def read_rows(sub_steps: int, step: int, BT: int) -> tuple[int, int]:
@@ -185,29 +204,33 @@ delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward,
 
 
 @delta_scan.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1):
-    B, T, H, K = a.shape
+def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1, strength=False):
+    B, T, H, K = c.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    tm = a.new_empty(B, T, H, Config.from_list(cfg).BT)
-    sc = torch.empty_like(tm) if _module(decay, read, erase_before, h0.dtype).SCORES_KEPT else a.new_empty(0)
+    tm = c.new_empty(B, T, H, Config.from_list(cfg).BT)
+    sc = torch.empty_like(tm) if _module(decay, read, erase_before, h0.dtype).SCORES_KEPT else c.new_empty(0)
     return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), tm, sc
 
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                     h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, sc: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
                     decay: str, read: str, cfg: list[int], erase_before: bool = False, sub_steps: int = 1, step: int = 0,
-                    qn: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                    qn: int = 1, strength: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step, qn: the forward's (dO is
     0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is copied to
     its sub-tokens' rows for the reverse pass where it reads q itself; the other kernels read the token's row, and
-    dq's row is the read's sub-token's (dq is 0 at the others, as dO is)."""
+    dq's row is the read's sub-token's (dq is 0 at the others, as dO is). strength (a the strengths): the forward's
+    kernels rerun on them as the forward ran, the backward's own take the write keys made (write_keys), and da is
+    theirs, the write keys' gradient (strength_grads)."""
     mod = _module(decay, read, erase_before, h0.dtype)
-    qn = query_rows(q, a, qn)
+    qn = query_rows(q, c, qn)
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = acc_precision(acc)
     _, _, w, u, (ad, gl, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False,
-                                                                                       precision, tm, qn)  # fmt: skip
+                                                                                       precision, tm, qn, strength)  # fmt: skip
+    if strength:
+        a = write_keys(a, c, acc)
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -306,22 +329,25 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 
 
 @delta_scan_backward.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1,
+      strength=False):  # fmt: skip
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
+    return torch.empty_like(q), torch.empty_like(c), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step, qn = inputs
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step, qn, strength = inputs
     ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2], output[3])
-    ctx.config = (decay, read, cfg, erase_before, sub_steps, step, qn)
+    ctx.config = (decay, read, cfg, erase_before, sub_steps, step, qn, strength)
 
 
 def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
     q, qs, a, b, c, g, h0, cu_seqlens, tm, sc = ctx.saved_tensors
     dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, *ctx.config)
-    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None, None, None, None
+    if ctx.config[-1]:  # a is the strengths: da the write keys' gradient
+        da, dc = strength_grads(a, c, da, dc)
+    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None, None, None, None, None
 
 
 def _backward(ctx, do, dht, _dtm, _dsc):
@@ -348,19 +374,22 @@ class _EagerDeltaScan(torch.autograd.Function):
 
 def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[torch.Tensor], torch.Tensor]:
     """One delta-rule scan on scan_delta's kernels, launched with `config`: q, a, b, c contiguous [B, T, H, D] in
-    `dtype`; decay and state in float32 (float64 when the inputs are). A scan given ops.c_before runs with every erase
+    `dtype` (a given as strengths, ScanOperands.strength: those [B, T, H]); decay and state in float32 (float64 when the
+    inputs are). A scan given ops.c_before runs with every erase
     reading the state before its sub-token's decay (the template's erase_before: the kernel plan gives these kernels
     no scan where that differs between sub-tokens that decay and erase)."""
     ((q, read),) = ops.reads
     (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     g = None if ops.g is None else ops.g[..., 0].contiguous() if ops.decay == "scalar" else ops.g.contiguous()
-    a, b, c, q = (x.to(dtype).contiguous() for x in (ops.a, ops.b, ops.c, q))
+    b, c, q = (x.to(dtype).contiguous() for x in (ops.b, ops.c, q))
+    strength = ops.strength is not None  # then a holds the strengths (in `dtype`: the kernels' products take a's)
+    a = (ops.strength[..., 0] if strength else ops.a).to(dtype).contiguous()
     h0 = ops.h0.to(acc).contiguous()
     qs = qs.to(acc).contiguous() if qs is not None else None
     erase_before = ops.c_before is not None and ops.decay != "none"  # without a decay, before and after are one state
     sub_steps, step = (ops.sub_steps, ops.read_steps[0]) if ops.sub_steps > 1 else (1, 0)  # the read's rows (its hint)
     qn = ops.sub_steps if ops.reads_per_token else 1
-    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step, qn)
+    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step, qn, strength)
     o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht

@@ -13,14 +13,14 @@ READS_WEIGHED = True
 def scan_delta_key_after_float32_solve_kernel(
     q, qs, a, c, g, tm, sc, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr,
-    SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
-    SOLVE_PRECISION: tl.constexpr,
+    STRENGTH: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT], and the read's scores A (on the read mask, summed over the key
     blocks in the accumulator and rounded to the inputs' dtype, as the output kernel's product rounds them) into sc
     [B, T, H, BT]: M's strips and A's share their write side. One program per (chunk, sequence x head); key blocks of
     BK in a loop. The prepare kernel then takes W and U0 one block per program. q: a row per QN rows (1, or a token's
-    for its QN sub-tokens).
+    for its QN sub-tokens). STRENGTH: a holds the writes' strengths s [B, T, H], the write key being -s c.
     """
     i_c, i_x = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
@@ -45,8 +45,12 @@ def scan_delta_key_after_float32_solve_kernel(
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        if STRENGTH:  # the pairs' write side: the erase keys (the strengths scale the pairs after the key loop)
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_a = b_c
+        else:
+            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
@@ -80,6 +84,10 @@ def scan_delta_key_after_float32_solve_kernel(
         b_Ak = tl.where(m_r, b_Ak, 0.)  # [BT, BT]
         b_A += b_Ak
         b_M += b_Mk
+    if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j, A_ij = -s_j q_i . c_j (selected: a later token's inf strength is no NaN here)
+        b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+        b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
+        b_A = tl.where(m_r, b_A * b_sc[None, :], 0.)
     # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
     # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
     # weigh a later NaN by 0 (causal.jinja)
@@ -124,7 +132,7 @@ def scan_delta_key_after_float32_prepare_kernel(
     a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, QN: tl.constexpr,
-    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_QS: tl.constexpr, STRENGTH: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
     PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V]; the
@@ -134,7 +142,8 @@ def scan_delta_key_after_float32_prepare_kernel(
     SOLVE: the program solves for T (into tm), else reads it from tm (as the solve kernel or the forward left it).
     SPLIT: one program per block of a chunk, the first cdiv(K, BK) its key blocks, the rest its value blocks of BV (not
     with SOLVE); else one program per (chunk, sequence x head) takes every block in turn. CAUSAL: the forward's
-    products, causal for non-finite values (causal.jinja); the backward's rerun need not be.
+    products, causal for non-finite values (causal.jinja); the backward's rerun need not be. STRENGTH: a holds the
+    writes' strengths s [B, T, H], the write key being -s c.
     WEIGH_READS (the backward's rerun): the key blocks also store the queries weighed from the chunk's start, q e^E,
     into qd [B, T, H, K] for the reverse pass.
     """
@@ -163,8 +172,12 @@ def scan_delta_key_after_float32_prepare_kernel(
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            if STRENGTH:  # the pairs' write side: the erase keys (the strengths scale the pairs after the key loop)
+                b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                b_a = b_c
+            else:
+                b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
             y_ = b_a
@@ -189,6 +202,9 @@ def scan_delta_key_after_float32_prepare_kernel(
                         b_Mk += tl.where(m_c[None, :], tl.sum(b_c * b_yj[None, :] * tl.exp(tl.where((m_i & (o_t >= j))[:, None], b_B - b_Bj[None, :], float("-inf"))), axis=1)[:, None], 0.)
             b_Mk = tl.where(m_s, b_Mk, 0.)  # [BT, BT]
             b_M += b_Mk
+        if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j (selected: a later token's inf strength is no NaN here)
+            b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+            b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
         # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
         # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
         # weigh a later NaN by 0 (causal.jinja)
@@ -250,8 +266,12 @@ def scan_delta_key_after_float32_prepare_kernel(
             else:
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            if STRENGTH:  # a holds the writes' strengths s [B, T, H], the write key being -s c (b_c the erase keys' block)
+                b_ar = (b_c * tl.exp(b_R)) * -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)[:, None]
+            else:
+                b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                b_ar = (b_a * tl.exp(b_R))
+            tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], b_ar.to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
             tl.store(gl + (i_ct * H + i_h) * K + o_k, b_last, mask=m_k)
             if WEIGH_READS:
                 b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
@@ -297,8 +317,12 @@ def scan_delta_key_after_float32_prepare_kernel(
             else:
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], (b_a * tl.exp(b_R)).to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            if STRENGTH:  # a holds the writes' strengths s [B, T, H], the write key being -s c (b_c the erase keys' block)
+                b_ar = (b_c * tl.exp(b_R)) * -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)[:, None]
+            else:
+                b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                b_ar = (b_a * tl.exp(b_R))
+            tl.store(ad + (t[:, None] * H + i_h) * K + o_k[None, :], b_ar.to(ad.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
             tl.store(gl + (i_ct * H + i_h) * K + o_k, b_last, mask=m_k)
             if WEIGH_READS:
                 b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
@@ -325,9 +349,9 @@ def scan_delta_key_after_float32_prepare_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_state_kernel(
-    a, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
+    a, c, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    STORE_HT: tl.constexpr, STRENGTH: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The sequential pass: the state entering every chunk into h [chunks, H, K, V], U = U0 + W S0 into u,
     the final state into ht. One program per (value block, sequence x head), the state as key blocks of BK rows
@@ -427,15 +451,16 @@ def scan_delta_key_after_float32_state_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_output_kernel(
-    q, qs, a, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
+    q, qs, a, c, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr,
+    SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """o = (q e^E) S0 + A U per chunk, A as the solve kernel stored it (sc), at the chunk's read rows: every row, or
     where a token is NSUB sub-tokens (lamixer.runtime.substeps) and is read at its sub-token STEP, those BT / NSUB rows
     alone (the other rows of o are left unwritten: no one reads them). q: a row per QN rows (1, or a token's for its QN
-    sub-tokens). One program per (value block, chunk, sequence x head); key blocks in a loop."""
+    sub-tokens). STRENGTH: a holds the writes' strengths s [B, T, H], the write key being -s c. One program per (value
+    block, chunk, sequence x head); key blocks in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x

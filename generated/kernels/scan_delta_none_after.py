@@ -14,7 +14,7 @@ def scan_delta_none_after_float32_prepare_kernel(
     a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, QN: tl.constexpr,
-    USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    USE_QS: tl.constexpr, STRENGTH: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
     PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V].
@@ -22,7 +22,8 @@ def scan_delta_none_after_float32_prepare_kernel(
     SOLVE: the program solves for T (into tm), else reads it from tm (as the solve kernel or the forward left it).
     SPLIT: one program per block of a chunk, the first cdiv(K, BK) its key blocks, the rest its value blocks of BV (not
     with SOLVE); else one program per (chunk, sequence x head) takes every block in turn. CAUSAL: the forward's
-    products, causal for non-finite values (causal.jinja); the backward's rerun need not be.
+    products, causal for non-finite values (causal.jinja); the backward's rerun need not be. STRENGTH: a holds the
+    writes' strengths s [B, T, H], the write key being -s c.
     """
     i_p, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -47,10 +48,17 @@ def scan_delta_none_after_float32_prepare_kernel(
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
-            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            if STRENGTH:  # the pairs' write side: the erase keys (the strengths scale the pairs after the key loop)
+                b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                b_a = b_c
+            else:
+                b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
             b_M += b_Mk
+        if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j (selected: a later token's inf strength is no NaN here)
+            b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+            b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
         # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
         # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
         # weigh a later NaN by 0 (causal.jinja)
@@ -161,13 +169,14 @@ def scan_delta_none_after_float32_prepare_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_state_kernel(
-    a, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
+    a, c, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    STORE_HT: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    STORE_HT: tl.constexpr, STRENGTH: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The sequential pass: the state entering every chunk into h [chunks, H, K, V], U = U0 + W S0 into u,
     the final state into ht. One program per (value block, sequence x head), the state as key blocks of BK rows
-    (K <= 4 BK), tiles through int32 offsets (templates/state_blocks.jinja)."""
+    (K <= 4 BK), tiles through int32 offsets (templates/state_blocks.jinja). STRENGTH: a holds the writes'
+    strengths s [B, T, H], the write key being -s c."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -187,7 +196,11 @@ def scan_delta_none_after_float32_state_kernel(
     s_tk = o_t[:, None] * (H * K) + o_k[None, :]
     s_tv = o_t[:, None] * (H * V) + o_v[None, :]
     row0 = bos * H + i_h  # the sequence's first token, this head: rows of a, w, u are H apart
-    a += row0 * K
+    if STRENGTH:
+        a += row0
+        c += row0 * K
+    else:
+        a += row0 * K
     w += row0 * K
     u0 += row0 * V
     u += row0 * V
@@ -202,9 +215,16 @@ def scan_delta_none_after_float32_state_kernel(
         b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 3 * BK:
         b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
+    # the strengths s one chunk ahead, as a scalar decay's log decays (state_blocks.jinja's decay_ahead): the loop
+    # carries the loaded values themselves, used an iteration on, so that no chunk waits on the load
+    if STRENGTH:
+        b_sn = tl.load(a + o_t * H, mask=o_t < L, other=0.)  # [BT]
     for i_t in range(0, tl.cdiv(L, BT)):
         r = tl.cast(i_t * BT, tl.int64) * H
         m_t = i_t * BT + o_t < L
+        if STRENGTH:
+            b_s = -b_sn.to(tl.float32)  # -s
+            b_sn = tl.load(a + r + BT * H + o_t * H, mask=(i_t + 1) * BT + o_t < L, other=0.)
         p_h = h + ((c0 + i_t) * H + i_h) * K * V
         tl.store(p_h + s_kv, b_h0.to(h.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_w = tl.load(w + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
@@ -224,16 +244,30 @@ def scan_delta_none_after_float32_state_kernel(
         # U0 added after the products: a load that initialised their accumulator would not be pipelined
         b_u += tl.load(u0 + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)
         tl.store(u + r * V + s_tv, b_u.to(u.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
+        if STRENGTH:  # a^T U = c^T (-s U)
+            b_u = b_u * b_s[:, None]
+        if STRENGTH:
+            b_aT = tl.trans(tl.load(c + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
+        else:
+            b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         b_h0 += tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 1 * BK:
-            b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
+            if STRENGTH:
+                b_aT = tl.trans(tl.load(c + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
+            else:
+                b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             b_h1 += tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 2 * BK:
-            b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
+            if STRENGTH:
+                b_aT = tl.trans(tl.load(c + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
+            else:
+                b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             b_h2 += tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 3 * BK:
-            b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
+            if STRENGTH:
+                b_aT = tl.trans(tl.load(c + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
+            else:
+                b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             b_h3 += tl.dot((b_aT).to(a.dtype.element_ty), (b_u).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
@@ -248,15 +282,16 @@ def scan_delta_none_after_float32_state_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_output_kernel(
-    q, qs, a, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
+    q, qs, a, c, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr,
+    SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """o = (q e^E) S0 + A U per chunk, at the chunk's read rows: every row, or
     where a token is NSUB sub-tokens (lamixer.runtime.substeps) and is read at its sub-token STEP, those BT / NSUB rows
     alone (the other rows of o are left unwritten: no one reads them). q: a row per QN rows (1, or a token's for its QN
-    sub-tokens). One program per (value block, chunk, sequence x head); key blocks in a loop."""
+    sub-tokens). STRENGTH: a holds the writes' strengths s [B, T, H], the write key being -s c. One program per (value
+    block, chunk, sequence x head); key blocks in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
@@ -289,7 +324,11 @@ def scan_delta_none_after_float32_output_kernel(
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        if STRENGTH:  # the pairs' write side: the erase keys (the strengths scale the pairs after the key loop)
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_a = b_c
+        else:
+            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_q = tl.load(q + ((t_r // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
@@ -297,6 +336,8 @@ def scan_delta_none_after_float32_output_kernel(
         b_A += b_Ak
         b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_o += tl.dot(b_q.to(tl.float32).to(q.dtype.element_ty), b_h.to(q.dtype.element_ty), input_precision=PRECISION)
+    if STRENGTH:  # A_ij = -s_j q_i . c_j (selected: a later token's inf strength is no NaN here)
+        b_A = tl.where(m_p, b_A * -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)[None, :], 0.)
     b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
     bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_u.dtype), b_u, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
     first = tl.full([BV], BT, dtype=tl.int32)

@@ -221,7 +221,7 @@ POSITIONS = {"before": (False, False), "mid": (True, False), "after": (True, Tru
 class ScanOperands:
     """One state's scan, every per-token operand as [B, T, H, D] (D = 1 for a scalar)."""
 
-    a: torch.Tensor  # write key [.., K]
+    a: torch.Tensor | None  # write key [.., K]; None where `strength` gives it
     b: torch.Tensor  # write value [.., V]
     c: torch.Tensor | None  # erase key [.., K] (delta rule), None for additive
     g: torch.Tensor | None  # log decay [.., 1] (scalar), [.., K] (key) or [.., V] (value); None without a decay
@@ -250,11 +250,20 @@ class ScanOperands:
     # the reads' queries one row per token, each for its token's sub_steps rows (lamixer.runtime.substeps), rather than
     # one per row: an implementation takes them so (the delta rule's chunk kernels) or calls sub_token_reads() first
     reads_per_token: bool = False
+    # [.., 1]: the write key is -strength * c (the kernel plan's ScanGroup.strengths), a is None: an implementation takes
+    # it so (the delta rule's chunk kernels, which make the keys as they load c) or calls with_write_keys() first
+    strength: torch.Tensor | None = None
 
     @property
     def positions(self) -> str:
         """The reads' positions joined by "_" (as the recurrent template takes them)."""
         return "_".join(p for _, p in self.reads)
+
+    def with_write_keys(self) -> ScanOperands:
+        """These operands with the write keys a = -strength c made, where a strength gives them."""
+        if self.strength is None:
+            return self
+        return replace(self, a=-self.strength * self.c, strength=None)
 
     def sub_token_reads(self) -> ScanOperands:
         """These operands with a query row per sub-token: each token's copied to its sub_steps rows."""
@@ -271,7 +280,7 @@ def sub_token_rows(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The chunked scan in PyTorch, one sequence at a time when packed: ([o per read], final state)."""
-    ops = ops.sub_token_reads()
+    ops = ops.sub_token_reads().with_write_keys()
     a = ops.a
     g = ops.g if ops.g is not None else a.new_zeros(*a.shape[:3], 1)
     modes = [POSITIONS[p] for _, p in ops.reads]
@@ -309,7 +318,7 @@ def _operand(x, B: int, T: int, H: int, width: int | None = None):
 
 
 def scan_group(scan, shape, key, values, erase, log_decay, decay, reads, h0, cu_seqlens, chunk, query_factors=None, forms=None,
-               normaliser=False):  # fmt: skip
+               normaliser=False, strength=None):  # fmt: skip
     """Run one state's scan, or one scan for several states that share key, decay and queries (their values side by side).
 
     shape is (B, T, H); every operand has three leading axes that broadcast to it, then its dims (none for a scalar,
@@ -319,28 +328,31 @@ def scan_group(scan, shape, key, values, erase, log_decay, decay, reads, h0, cu_
     (or [N, H, K] for a vector state). `scan` runs the ScanOperands (torch_scan, or generated kernels); query_factors
     are per-head factors [H] it applies to the queries (None: none), forms the KeyForms it applies
     (ScanOperands.forms); normaliser: `scan` carries the group's one vector state itself (ScanOperands.z0), else it is
-    one more value column of ones. Returns each state's read outputs ([B, T, H, V], or [B, T, H]) and final states
-    ([N, H, K, V], or [N, H, K]).
+    one more value column of ones; strength: the write key is -strength * erase (a scalar with three leading axes;
+    key is then None: ScanOperands.strength). Returns each state's read outputs ([B, T, H, V], or [B, T, H]) and final
+    states ([N, H, K, V], or [N, H, K]).
     """
     B, T, H = shape
     K = h0[0].shape[2]
     a = _operand(key, B, T, H, K)
+    c = _operand(erase, B, T, H, K)
+    like = a if a is not None else c
     # a vector state beside matrix states rides along as the scan's normaliser when the implementation takes one
     vectors = [i for i, v in enumerate(values) if v is None]
     normaliser = vectors[0] if normaliser and len(vectors) == 1 and len(values) > 1 else None
     order = [i for i in range(len(values)) if i != normaliser]  # side by side, in this order
     if len(order) == 1:  # the common case: one state, nothing to concatenate
         (i,) = order
-        b = a.new_ones(B, T, H, 1) if values[i] is None else _operand(values[i], B, T, H, h0[i].shape[3])
+        b = like.new_ones(B, T, H, 1) if values[i] is None else _operand(values[i], B, T, H, h0[i].shape[3])
         h = h0[i].unsqueeze(-1) if values[i] is None else h0[i]
     else:
-        b = torch.cat([a.new_ones(B, T, H, 1) if values[i] is None else _operand(values[i], B, T, H, h0[i].shape[3]) for i in order], -1)
+        b = torch.cat([like.new_ones(B, T, H, 1) if values[i] is None else _operand(values[i], B, T, H, h0[i].shape[3]) for i in order], -1)
         h = torch.cat([h0[i].unsqueeze(-1) if values[i] is None else h0[i] for i in order], -1)
     operands = ScanOperands(
-        a, b, _operand(erase, B, T, H, K), _operand(log_decay, B, T, H), decay,
+        a, b, c, _operand(log_decay, B, T, H), decay,
         [(_operand(q, B, T, H, K), position) for q, position in reads],
         query_factors or [None] * len(reads), h, cu_seqlens, chunk, forms or {},
-        z0=h0[normaliser] if normaliser is not None else None,
+        z0=h0[normaliser] if normaliser is not None else None, strength=_operand(strength, B, T, H, 1),
     )  # fmt: skip
     outs, S, *z = scan(operands)
     read_parts, finals = [None] * len(values), [None] * len(values)

@@ -43,17 +43,20 @@ def _interleave(xs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, reads: list, h0: torch.Tensor,
-                 cu_seqlens: torch.Tensor | None, chunk: int) -> tuple[list[torch.Tensor], torch.Tensor]:  # fmt: skip
+                 cu_seqlens: torch.Tensor | None, chunk: int, strengths: list | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:  # fmt: skip
     """One state's scan whose token update is the sub-steps `writes`, each (key [.., K] or None for a unit key,
     value [.., V] or None for zero, erase [.., K] or None, log decay [.., 1 | K | V] or None, whether the erase reads
     the state before that decay), operands with three leading axes that broadcast to shape (B, T, H); decay the kind
     over all sub-steps (the kernel plan's); reads [(query [.., K] or None for a unit query, sub-step, position)];
-    h0 [N, H, K, V]. `scan` runs the ScanOperands (torch_scan). Returns ([o per read, [B, T, H, V]], the final state)."""
+    h0 [N, H, K, V]; strengths: per write its strength s (a scalar with three leading axes) where its key is -s times its
+    erase (the keys are then None: ScanOperands.strength). `scan` runs the ScanOperands (torch_scan). Returns ([o per
+    read, [B, T, H, V]], the final state)."""
     B, T, H = shape
     K, V = h0.shape[2], h0.shape[3]
     n = len(writes)
     one = h0.new_ones(1, 1, 1, 1)
-    a = _interleave([_full(one if k is None else k, shape, K, h0) for k, _, _, _, _ in writes])
+    a = None if strengths else _interleave([_full(one if k is None else k, shape, K, h0) for k, _, _, _, _ in writes])
+    strength = _interleave([_full(x, shape, 1, h0) for x in strengths]) if strengths else None
     b = _interleave([_full(v, shape, V, h0) for _, v, _, _, _ in writes])
     erasing = any(c is not None for _, _, c, _, _ in writes)
     c = _interleave([_full(c, shape, K, h0) for _, _, c, _, _ in writes]) if erasing else None
@@ -67,6 +70,6 @@ def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, re
     queries = [(_full(one if q is None else q, shape, K, h0), position) for q, _, position in reads]  # a row per token
     cu = None if cu_seqlens is None else cu_seqlens * n
     ops = ScanOperands(a, b, c, g, decay, queries, [None] * len(reads), h0, cu, chunk, c_before=before, sub_steps=n,
-                       read_steps=tuple(step for _, step, _ in reads), reads_per_token=True)  # fmt: skip
+                       read_steps=tuple(step for _, step, _ in reads), reads_per_token=True, strength=strength)  # fmt: skip
     outs, final = scan(ops)
     return [o.reshape(B, T, n, H, V)[:, :, step] for o, (_, step, _) in zip(outs, reads)], final

@@ -33,6 +33,13 @@ class _Program:
     def __init__(self, compiled: Compiled, direct: dict[int, Form]):
         self.c, self.nodes, self.direct = compiled, compiled.plan.nodes, direct
         plan, nodes = compiled.plan, self.nodes
+        # per state, its writes' strengths where its scan takes them (ScanGroup.strengths): not where a kernel finishes
+        # a write or erase key from the caller's tensors itself (the recurrent kernel's forms)
+        self.strengths = {}
+        for group in plan.groups:
+            writes = compiled.classification.scan(group.states[0]).writes
+            if group.strengths and not any(n in direct for w in writes for n in (w.key, w.erase)):
+                self.strengths[group.states[0]] = group.strengths
         needed = self._needed()
         # call constants: made of constants, dims, the head index and the scale only (e.g. RetNet's decay, a read-out
         # scale): the same for every call of one signature and scale, so computed once for it
@@ -76,7 +83,7 @@ class _Program:
         """The values a scan reads from a call's environment: its operands, a direct operand's factor instead, a
         prologue's reads but inputs (it takes the caller's tensors) instead of its work."""
         out = []
-        for a in s.inputs():
+        for a in self.scan_inputs(s):
             d = self.direct.get(a)
             work = [r for r in self.prologues[a][1] if self.nodes[r]["op"] != "input"] if a in self.prologues else None
             out += (work if work is not None else [] if d is not None else [a]) + (
@@ -124,7 +131,7 @@ class _Program:
             if kind in ("constant", "stat") or (kind == "leaf" and self.nodes[n]["op"] != "input") or (
                     kind == "op" and all(a in timeless for a in self.nodes[n]["args"])):  # fmt: skip
                 timeless.add(n)
-        operands = {n for s in self.c.classification.scans for n in s.inputs() if n not in self.direct and kinds.get(n) == "op"}
+        operands = {n for s in self.c.classification.scans for n in self.scan_inputs(s) if n not in self.direct and kinds.get(n) == "op"}
         out = {}
         for n in sorted(operands):
             if users.get(n):  # also used outside the scans: evaluated as it is
@@ -142,9 +149,18 @@ class _Program:
                 out[n] = (tuple(m for m, _ in self.steps if m in work), tuple(sorted(reads)))
         return out
 
+    def scan_inputs(self, s: Scan) -> list[int]:
+        """The nodes scan s reads: its writes' operands, a strength in place of a write key where its scan takes
+        strengths, and its queries."""
+        strengths = self.strengths.get(s.state)
+        if not strengths:
+            return s.inputs()
+        writes = [n for w, st in zip(s.writes, strengths) for n in (w.log_decay, st, w.value, w.erase) if n is not None]
+        return writes + [r.query for r in s.reads if r.query is not None]
+
     def _scan_deps(self, s: Scan) -> list[int]:
         deps = []
-        for n in s.inputs():
+        for n in self.scan_inputs(s):
             d = self.direct.get(n)  # a direct operand needs only its factor
             deps += [n] if d is None else [d.factor] if d.factor is not None else []
         return deps
@@ -333,14 +349,15 @@ class _Evaluator:
         when given (the kernels' operand dtype: the conversion is then recomputed with the rest, never kept), a log
         decay as it is (the kernels read it in the compute dtype)."""
         made = []
-        decays = {w.log_decay for s in scans for w in s.writes}
+        # decays and strengths stay in the compute dtype (the kernels read them in their accumulator's)
+        kept = {w.log_decay for s in scans for w in s.writes} | {n for s in scans for n in self.prog.strengths.get(s.state, ())}
         for s in scans:
-            for n in s.inputs():
+            for n in self.prog.scan_inputs(s):
                 if n in self.prog.prologues and n not in self.env:
                     work, reads = self.prog.prologues[n]
                     args = tuple(self.call.inputs[self.nodes[a]["name"]] if self.nodes[a]["op"] in ("input", "param") else self.env[a]
                                  for a in reads)  # fmt: skip
-                    fn = functools.partial(_prologue, self.nodes, work, reads, self.call.compute_dtype, None if n in decays else dtype)
+                    fn = functools.partial(_prologue, self.nodes, work, reads, self.call.compute_dtype, None if n in kept else dtype)
                     self.env[n] = recompute.recomputed(fn, *args)
                     made.append((self.env[n], fn, args))
         return made
@@ -390,13 +407,14 @@ class _Evaluator:
                 self.substeps(group, s, impl)
             return
         operand, call = self.operand, self.call
+        strengths = self.prog.strengths.get(s.state)
         with recompute.rebuilt(made):
             reads, finals = scan_group(
-                impl, (self.B, self.T, call.heads), operand(s.write_key),
+                impl, (self.B, self.T, call.heads), None if strengths else operand(s.write_key),
                 [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay),
                 group.decay.kind, [(operand(r.query), p) for r, p in zip(s.reads, group.reads)],
                 [call.initial_state[t.state] for t in scans], call.cu_seqlens, group.chunk, [self.factor(r.query) for r in s.reads],
-                self.forms(s), normaliser,
+                self.forms(s), normaliser, operand(strengths[0]) if strengths else None,
             )  # fmt: skip
         for t, outs, final in zip(scans, reads, finals):
             for r, o in zip(t.reads, outs):
@@ -411,10 +429,12 @@ class _Evaluator:
         h0 = call.initial_state[s.state]
         h0 = h0.unsqueeze(-1) if s.value_dim is None else h0.unsqueeze(-2) if s.key_dim is None else h0
         one = h0.new_ones(1, 1, 1, 1) if s.value_dim is None else None
-        writes = [(operand(w.key), one if one is not None else operand(w.value), operand(w.erase), operand(w.log_decay), w.erase_before_decay)
-                  for w in s.writes]  # fmt: skip
+        strengths = self.prog.strengths.get(s.state)
+        writes = [(None if strengths else operand(w.key), one if one is not None else operand(w.value), operand(w.erase), operand(w.log_decay),
+                   w.erase_before_decay) for w in s.writes]  # fmt: skip
         reads = [(operand(r.query), r.step, r.position) for r in s.reads]
-        outs, final = substep_scan(impl, (self.B, self.T, call.heads), writes, group.decay.kind, reads, h0, call.cu_seqlens, group.chunk)
+        outs, final = substep_scan(impl, (self.B, self.T, call.heads), writes, group.decay.kind, reads, h0, call.cu_seqlens, group.chunk,
+                                   [operand(n) for n in strengths] if strengths else None)  # fmt: skip
         axis = -1 if s.value_dim is None else -2 if s.key_dim is None else None
         for r, o in zip(s.reads, outs):
             self.env[r.node] = o.squeeze(-1) if s.value_dim is None else o

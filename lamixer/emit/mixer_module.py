@@ -69,6 +69,10 @@ class MixerWriter:
         # what a call may carry besides the states (runtime/carry.py): each statistic (its value, groups), each window
         self.carried_stats: list[tuple[str, tuple[str, ...]]] = []
         self.carried_windows: list[str] = []
+        # write keys the scans make from their strengths (ScanGroup.strengths) and nothing else reads: not written out
+        used = {a for n in self.plan.order for a in self.nodes[n]["args"]}
+        self.unread = {w.key for g in self.plan.groups if g.strengths for w in compiled.classification.scan(g.states[0]).writes
+                       if w.key not in used}  # fmt: skip
 
     # ---- values ----
     def tensor(self, v: _Value) -> str:
@@ -185,7 +189,7 @@ class MixerWriter:
         fused = " (one scan, values side by side)" if len(group.states) > 1 else ""
         self.lines.append(f"# scan {' + '.join(group.states)}{fused}: {s.describe()}, chunk {group.chunk}")
         if not s.plain:
-            self.substeps(s, group.decay.kind, group.chunk, index)
+            self.substeps(s, group.decay.kind, group.chunk, index, group.strengths)
             return
         self.m.use(self.m.runtime + ".scan", "scan_group")
 
@@ -205,7 +209,7 @@ class MixerWriter:
         self.lines += [
             f"[{', '.join(outs)}], [{', '.join(self.states[st] for st in group.states)}] = scan_group(",
             f"    scan[{index}][0], ({self.B}, {self.T}, {self.H}),",
-            f"    key={operand(s.write_key)},",
+            f"    key={'None' if group.strengths else operand(s.write_key)},",
             f"    values=[{', '.join('None' if t.value_dim is None else operand(t.write_value) for t in scans)}],",
             f"    erase={operand(s.erase_key)},",
             f"    log_decay={operand(s.log_decay)},",
@@ -215,11 +219,12 @@ class MixerWriter:
             "    cu_seqlens=call.cu_seqlens,",
             f"    chunk={group.chunk},",
             f"    normaliser=scan[{index}][1],",
+            *([f"    strength={operand(group.strengths[0])},  # the write key is -strength * erase"] if group.strengths else []),
             ")",
         ]
         self.done.update(group.states)
 
-    def substeps(self, s, decay: str, chunk: int, index: int) -> None:
+    def substeps(self, s, decay: str, chunk: int, index: int, strengths: tuple[int, ...]) -> None:
         """One substep_scan call (lamixer.runtime.substeps): a scan whose token update is several writes, or one no
         kernel runs; a vector state runs as a one-column matrix, as the torch backend runs it."""
         self.m.use(self.m.runtime + ".substeps", "substep_scan")
@@ -234,7 +239,8 @@ class MixerWriter:
             names.append(name)
         one = "torch.ones((1, 1, 1, 1), dtype=dtype, device=device)"
         value = (lambda w: one) if s.value_dim is None else (lambda w: operand(w.value))
-        writes = [f"({operand(w.key)}, {value(w)}, {operand(w.erase)}, {operand(w.log_decay)}, {w.erase_before_decay})" for w in s.writes]
+        writes = [f"({'None' if strengths else operand(w.key)}, {value(w)}, {operand(w.erase)}, {operand(w.log_decay)}, {w.erase_before_decay})"
+                  for w in s.writes]  # fmt: skip
         h0 = f"call.initial_state[{src.text(s.state)}]"
         axis = -1 if s.value_dim is None else -2 if s.key_dim is None else None
         state = self.states[s.state]
@@ -247,6 +253,7 @@ class MixerWriter:
             f"    h0={h0 if axis is None else f'{h0}.unsqueeze({axis})'},",
             "    cu_seqlens=call.cu_seqlens,",
             f"    chunk={chunk},",
+            *([f"    strengths=[{', '.join(operand(n) for n in strengths)}],  # each write's key is -strength * erase"] if strengths else []),
             ")",
         ]
         if axis is not None:
@@ -269,7 +276,7 @@ class MixerWriter:
                 self.stat(n)
             elif op == "block_attention":
                 self.block_attention(n)
-            elif op != "output":
+            elif op != "output" and n not in self.unread:
                 self.pointwise(n)
         for s in self.c.classification.scans:
             if s.state not in self.done:

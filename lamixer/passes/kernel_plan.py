@@ -108,6 +108,9 @@ class ScanGroup:
     # the token's writes in order (one for the additive and delta rules), and the sub-step each read sits at
     substeps: tuple[SubStep, ...] = ()
     read_steps: tuple[int, ...] = ()
+    # per write, the node of its strength s where the write key is s x and the erase key -x (DeltaNet's beta k and
+    # -k): the scans then take s and the erase keys, and make the write keys -s c themselves (empty: not every write is so)
+    strengths: tuple[int, ...] = ()
 
     @property
     def read(self) -> str | None:
@@ -188,7 +191,26 @@ def _group(g: ir.Graph, cls: Classification, nodes: dict[int, dict], states: tup
     return ScanGroup(states, normaliser, s.rule, decay, reads, s.key_dim, tuple(cls.scan(st).value_dim for st in states),
                      CHUNK_VECTOR_DECAY if decay.kind in ("key", "value") else CHUNK_SCALAR_DECAY, train, decode, tuple(missing),
                      tuple(forms.of(s, finished=False).items()), tuple(forms.of(s, finished=True).items()),
-                     _substeps(s), tuple(r.step for r in s.reads))  # fmt: skip
+                     _substeps(s), tuple(r.step for r in s.reads), _strengths(s, nodes))  # fmt: skip
+
+
+def _strengths(s: Scan, nodes: dict[int, dict]) -> tuple[int, ...]:
+    """Per write, its strength: the node s (no dims: per token, per head or constant) where the write key is s * x and
+    the erase key 0 - x, the same x; empty unless every write is so (a delta rule's beta k beside its -k)."""
+    found = []
+    for w in s.writes:
+        if w.key is None or w.erase is None:
+            return ()
+        e, k = nodes[w.erase], nodes[w.key]
+        zero = e["op"] == "binary" and e["fn"] == "sub" and nodes[e["args"][0]]["op"] == "const" and nodes[e["args"][0]]["value"] == 0
+        x = e["args"][1] if zero else None
+        if x is None or not (k["op"] == "binary" and k["fn"] == "mul" and x in k["args"]):
+            return ()
+        other = k["args"][1] if k["args"][0] == x else k["args"][0]
+        if nodes[other]["dims"]:
+            return ()
+        found.append(other)
+    return tuple(found)
 
 
 def _substeps(s: Scan) -> tuple[SubStep, ...]:
