@@ -162,18 +162,10 @@ def query_rows(q: torch.Tensor, c: torch.Tensor, qn: int) -> int:
     return qn
 
 
-def write_keys(s: torch.Tensor, c: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
-    """The write keys -s_t c_t [B, T, H, K] of strengths s [B, T, H] and erase keys c, rounded as the forward's kernels
-    round them (a product in the accumulator dtype, in c's dtype)."""
-    return (-s.to(acc).unsqueeze(-1) * c.to(acc)).to(c.dtype)
-
-
-def strength_grads(s: torch.Tensor, c: torch.Tensor, da: torch.Tensor, dc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ds, dc) of the strengths and erase keys from the gradients of the write keys -s c (da) and of the erase keys
-    alone (dc), summed in float32 or finer."""
-    acc = torch.promote_types(s.dtype, torch.float32)
-    da, sc = da.to(acc), s.to(acc).unsqueeze(-1)
-    return -(da * c.to(acc)).sum(-1).to(s.dtype), (dc.to(acc) - sc * da).to(dc.dtype)
+def write_keys(s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """The write keys -s_t c_t [B, T, H, K] of strengths s [B, T, H] and erase keys c, in c's dtype: one elementwise
+    pass (the forward's kernels never form them: they scale their products by -s instead)."""
+    return c * (-s).unsqueeze(-1)
 
 
 def dv_key_block(dtype: torch.dtype, K: int, BK: int) -> int:
@@ -220,8 +212,8 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is copied to
     its sub-tokens' rows for the reverse pass where it reads q itself; the other kernels read the token's row, and
     dq's row is the read's sub-token's (dq is 0 at the others, as dO is). strength (a the strengths): the forward's
-    kernels rerun on them as the forward ran, the backward's own take the write keys made (write_keys), and da is
-    theirs, the write keys' gradient (strength_grads)."""
+    kernels rerun on them as the forward ran, the backward's own take the write keys made (write_keys), and the
+    gradient kernel gives d(strengths) in da's place and -s da within dc."""
     mod = _module(decay, read, erase_before, h0.dtype)
     qn = query_rows(q, c, qn)
     cfg = Config.from_list(cfg)
@@ -229,8 +221,9 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     precision = acc_precision(acc)
     _, _, w, u, (ad, gl, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False,
                                                                                        precision, tm, qn, strength)  # fmt: skip
+    s = a
     if strength:
-        a = write_keys(a, c, acc)
+        a = write_keys(s, c)
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -260,17 +253,21 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(cdiv(longest, shapes["BT"]), N * H)](
             g, h, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
             IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: narrower tiles were slower  # fmt: skip
-    dq, da, dc, db = torch.empty_like(q), torch.empty_like(a), torch.empty_like(c), torch.empty_like(b)
+    dq, dc, db = torch.empty_like(q), torch.empty_like(c), torch.empty_like(b)
     NK = cdiv(K, shapes["BK"])
+    # a strength's gradient summed per key block (as a scalar decay's terms), else the write keys'
+    dsp, da = (torch.empty(NK, B, T, H, dtype=acc, device=c.device), None) if strength else (None, torch.empty_like(a))
     if decay == "key":  # the kernel finishes d(log decay) (the kernel's docstring)
         xq, xr = torch.empty_like(g), None
     else:  # its terms, summed over each key block
         xq, xr = (torch.empty(NK, B, T, H, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
-        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, cu_seqlens, indices, T, B * T * H, QN=qn,
-        STEP=step if qn > 1 else 0, SPAN=diagonal_span(a.dtype),
+        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, s if strength else None, dsp, cu_seqlens, indices, T,
+        B * T * H, QN=qn, STEP=step if qn > 1 else 0, STRENGTH=strength, SPAN=diagonal_span(a.dtype),
         **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps),
     )  # fmt: skip
+    if strength:  # da's place: the strengths' gradient
+        da = dsp.sum(0).to(s.dtype)
     if g is None:
         return dq, da, db, dc, q.new_empty(0), dh0
     if decay == "key":
@@ -332,7 +329,7 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1,
       strength=False):  # fmt: skip
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(c), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
+    return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
@@ -345,8 +342,6 @@ def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
     q, qs, a, b, c, g, h0, cu_seqlens, tm, sc = ctx.saved_tensors
     dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, *ctx.config)
-    if ctx.config[-1]:  # a is the strengths: da the write keys' gradient
-        da, dc = strength_grads(a, c, da, dc)
     return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None, None, None, None, None
 
 

@@ -725,10 +725,10 @@ def scan_delta_key_after_float32_bwd_dgs_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_bwd_grad_kernel(
-    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, cu_seqlens, chunk_indices, T, x_block_stride,
+    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, sa, ds, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, SPAN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V];
     and d(log decay) from the float32 gradients, before they are rounded: its terms xq = q * dq and xr = c * dc - a * da
@@ -737,7 +737,8 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
     [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db). q and dq: a row
     per QN rows (1, or a token's for its QN sub-tokens), dq stored from the rows at sub-token STEP (dO, and so dq,
-    is 0 at the others).
+    is 0 at the others). STRENGTH: a is the write keys -s c made from the strengths sa [B, T, H]: da is not stored,
+    but its sum against c, -sum_k da c (d s), per key block into ds [NK, B, T, H], and -s da joins dc.
     """
     i_k, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -871,5 +872,10 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     tl.store(xq + p_k, b_dg.to(xq.dtype.element_ty), mask=m_tk)
     b_fd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_dA, 0.), axis=1)  # [BT] d_ii
     b_da += b_fd[:, None] * b_q.to(tl.float32)
-    tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)
+    if STRENGTH:  # a = -s c: d s and dc's share, from the float32 gradients
+        b_sw = tl.load(sa + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+        tl.store(ds + i_k.to(tl.int64) * x_block_stride + t * H + i_h, -tl.sum(b_da * b_c.to(tl.float32), axis=1), mask=m_t)
+        b_dc = b_dc - b_sw[:, None] * b_da
+    else:
+        tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)
     tl.store(dc + p_k, b_dc.to(dc.dtype.element_ty), mask=m_tk)

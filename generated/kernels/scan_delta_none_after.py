@@ -507,17 +507,18 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_bwd_grad_kernel(
-    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, cu_seqlens, chunk_indices, T, x_block_stride,
+    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, sa, ds, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, SPAN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V].
 
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
     [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db). q and dq: a row
     per QN rows (1, or a token's for its QN sub-tokens), dq stored from the rows at sub-token STEP (dO, and so dq,
-    is 0 at the others).
+    is 0 at the others). STRENGTH: a is the write keys -s c made from the strengths sa [B, T, H]: da is not stored,
+    but its sum against c, -sum_k da c (d s), per key block into ds [NK, B, T, H], and -s da joins dc.
     """
     i_k, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -583,5 +584,10 @@ def scan_delta_none_after_float32_bwd_grad_kernel(
     if USE_QS:  # the gradient of the caller's query
         b_dq = b_dq * tl.load(qs + i_h)
     tl.store(dq + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk & (t % QN == STEP)[:, None])
-    tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)
+    if STRENGTH:  # a = -s c: d s and dc's share, from the float32 gradients
+        b_sw = tl.load(sa + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+        tl.store(ds + i_k.to(tl.int64) * x_block_stride + t * H + i_h, -tl.sum(b_da * b_c.to(tl.float32), axis=1), mask=m_t)
+        b_dc = b_dc - b_sw[:, None] * b_da
+    else:
+        tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)
     tl.store(dc + p_k, b_dc.to(dc.dtype.element_ty), mask=m_tk)
