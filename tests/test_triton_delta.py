@@ -210,7 +210,7 @@ def test_strengths_stand_for_the_write_keys(decay):
         assert (x - y).abs().max() < 1e-12 * x.abs().max()
     do = torch.randn_like(made[0])
     want = torch.autograd.grad((made[0] * do).sum(), (q, b, c, s))
-    args = (q, None, s, b, c, g, h0, cu, decay, "after", cfg, False, 1, 0, 1, True)
+    args = (q, None, s, b, c, g, h0, cu, decay, "after", cfg, False, 1, 0, 1, True, -1)
     o, _ = triton_delta._EagerDeltaScan.apply(*args)
     got = torch.autograd.grad((o * do).sum(), (q, b, c, s))
     for name, x, y in zip(("dq", "db", "dc", "ds"), want, got):

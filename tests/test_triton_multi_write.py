@@ -180,6 +180,18 @@ def test_the_read_out_takes_the_read_rows_alone(name, rows, n, monkeypatch):
     assert set(chosen) == {rows} and set(per_query) == {n}
 
 
+@pytest.mark.parametrize("cu", [None, [0, 1, 18, 53]])
+def test_a_per_key_decay_at_one_sub_step_comes_a_row_per_token(cu, monkeypatch):
+    """rwkv7's decay (per key, at the first of its two sub-steps): the chunk kernels are given its log decays a row per
+    token (ScanOperands.decay_step), not the scan's two rows per token of which one is 0; reads, the final state and
+    every gradient stay exact, packed sequences included."""
+    seen = []
+    real = delta.decay_rows
+    monkeypatch.setattr(delta, "decay_rows", lambda *args: seen.append(real(*args)) or seen[-1])
+    _check("rwkv7", cu=cu, seed=2)
+    assert seen and all(rows == {"GN": 2, "GSTEP": 0} for rows in seen)
+
+
 def test_without_an_initial_state():
     _check("gated_deltaproduct", T=29, initial_state=False, seed=4)
 

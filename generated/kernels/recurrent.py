@@ -142,7 +142,7 @@ def scan(ops: ScanOperands, dtype: torch.dtype, in_place: bool = False) -> tuple
     given ops.c_before runs with every erase reading the state before its sub-token's decay (as kernels/delta.py's).
     in_place: the final state is written over ops.h0 where that is already the state's dtype and contiguous
     (runtime.scan.STATES_IN_PLACE; the caller reads it when it chooses the implementation)."""
-    ops = ops.sub_token_reads().with_write_keys()
+    ops = ops.per_row()
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     queries = [q for q, _ in ops.reads]
     factors = ops.query_factors

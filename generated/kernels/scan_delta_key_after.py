@@ -13,8 +13,8 @@ READS_WEIGHED = True
 def scan_delta_key_after_float32_solve_kernel(
     q, qs, a, c, g, tm, sc, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr,
-    STRENGTH: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
-    ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
+    STRENGTH: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT], and the read's scores A (on the read mask, summed over the key
     blocks in the accumulator and rounded to the inputs' dtype, as the output kernel's product rounds them) into sc
@@ -54,7 +54,7 @@ def scan_delta_key_after_float32_solve_kernel(
         b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+        b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         y_ = b_a
@@ -132,8 +132,8 @@ def scan_delta_key_after_float32_prepare_kernel(
     a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, QN: tl.constexpr,
-    USE_QS: tl.constexpr, STRENGTH: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V]; the
     write keys weighed to the chunk's end, a e^R, into ad [B, T, H, K] and the chunk's whole log decay into gl
@@ -178,7 +178,7 @@ def scan_delta_key_after_float32_prepare_kernel(
             else:
                 b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
                 b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+            b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
             y_ = b_a
             b_Mk = tl.zeros([BT, BT], dtype=tl.float32)
@@ -248,7 +248,7 @@ def scan_delta_key_after_float32_prepare_kernel(
             o_k = (i_p) * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+            b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
             b_E = b_B
             b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
@@ -299,7 +299,7 @@ def scan_delta_key_after_float32_prepare_kernel(
             o_k = (i_k) * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+            b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
             b_E = b_B
             b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
@@ -454,7 +454,7 @@ def scan_delta_key_after_float32_output_kernel(
     q, qs, a, c, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr,
-    SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
     """o = (q e^E) S0 + A U per chunk, A as the solve kernel stored it (sc), at the chunk's read rows: every row, or
     where a token is NSUB sub-tokens (lamixer.runtime.substeps) and is read at its sub-token STEP, those BT / NSUB rows
@@ -495,7 +495,7 @@ def scan_delta_key_after_float32_output_kernel(
         b_q = tl.load(q + ((t_r // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-        b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+        b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
         if NSUB > 1:  # the read rows' E (o_r: one sub-token of each token), by a reshape rather than a gather
@@ -518,8 +518,8 @@ def scan_delta_key_after_float32_output_kernel(
 def scan_delta_key_after_float32_bwd_dv_kernel(
     q, qs, a, g, sc, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, SPAN: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr,
+    SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The chunk-local part of dU: A^T dO into du [B, T, H, V], A as the forward's solve kernel stored it (sc), over the read
     rows the output kernel computed (NSUB, STEP: dO is 0 at the others). One program per (chunk, sequence x head)."""
@@ -683,7 +683,7 @@ def scan_delta_key_after_float32_bwd_dh_kernel(
 def scan_delta_key_after_float32_bwd_dgs_kernel(
     g, h, dh, dgs, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    GN: tl.constexpr, GSTEP: tl.constexpr, IS_VARLEN: tl.constexpr,
 ):
     """d(log decay)'s whole-decay term of each chunk, through the state entering it: exp(B_last) sum_v dS_end * S0 [K],
     dS as the reverse pass stored it (dh), S0 as the state pass did (h), into dgs [chunks, H, K]. (The chunk's writes'
@@ -708,7 +708,7 @@ def scan_delta_key_after_float32_bwd_dgs_kernel(
     m_t = i_t * BT + o_t < L
     o_k = tl.arange(0, BK)
     m_k = o_k < K
-    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
     b_last = tl.sum(b_g, axis=0)  # [BK]: the chunk's whole decay (padded rows decay by 0)
     p_dS = dh + ((c0 + i_t) * H + i_h) * K * V
     p_h = h + ((c0 + i_t) * H + i_h) * K * V
@@ -727,8 +727,8 @@ def scan_delta_key_after_float32_bwd_dgs_kernel(
 def scan_delta_key_after_float32_bwd_grad_kernel(
     q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, sa, ds, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, SPAN: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr,
+    GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V];
     and d(log decay) from the float32 gradients, before they are rounded: its terms xq = q * dq and xr = c * dc - a * da
@@ -766,7 +766,7 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_g = tl.maximum(tl.load(g + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
+    b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
@@ -869,7 +869,8 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     # whole-decay term sum_v dS_end * S_end
     b_dg = tl.cumsum(b_xq + b_xr, axis=0, reverse=True)
     b_dg += tl.load(dgs + (i_ct * H + i_h) * K + o_k, mask=m_k, other=0.)[None, :]
-    tl.store(xq + p_k, b_dg.to(xq.dtype.element_ty), mask=m_tk)
+    # at the rows g has (GN, GSTEP: the other rows' log decays are the constant 0)
+    tl.store(xq + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], b_dg.to(xq.dtype.element_ty), mask=m_tk & (t % GN == GSTEP)[:, None])
     b_fd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_dA, 0.), axis=1)  # [BT] d_ii
     b_da += b_fd[:, None] * b_q.to(tl.float32)
     if STRENGTH:  # a = -s c: d s and dc's share, from the float32 gradients

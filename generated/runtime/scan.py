@@ -251,13 +251,30 @@ class ScanOperands:
     # one per row: an implementation takes them so (the delta rule's chunk kernels) or calls sub_token_reads() first
     reads_per_token: bool = False
     # [.., 1]: the write key is -strength * c (the kernel plan's ScanGroup.strengths), a is None: an implementation takes
-    # it so (the delta rule's chunk kernels, which make the keys as they load c) or calls with_write_keys() first
+    # it so (the delta rule's chunk kernels, which make the keys as they load c) or calls per_row() first
     strength: torch.Tensor | None = None
+    # the sub-step of each token whose decay g is (lamixer.runtime.substeps), g then a row per token and every other
+    # sub-step's log decay 0; None: g a row per row. An implementation takes it so (the delta rule's chunk kernels under
+    # a per-key decay) or calls per_row() first
+    decay_step: int | None = None
 
     @property
     def positions(self) -> str:
         """The reads' positions joined by "_" (as the recurrent template takes them)."""
         return "_".join(p for _, p in self.reads)
+
+    def per_row(self) -> ScanOperands:
+        """These operands with every one a row per row of the scan: the queries, the log decays and the write keys
+        made where they come in a compact form (what an implementation that takes none of those forms calls first)."""
+        return self.sub_token_reads().sub_token_decays().with_write_keys()
+
+    def sub_token_decays(self) -> ScanOperands:
+        """These operands with a log decay row per sub-token: the token's at its decay_step, 0 at the others."""
+        if self.decay_step is None:
+            return self
+        zero = torch.zeros_like(self.g)
+        g = torch.stack([self.g if j == self.decay_step else zero for j in range(self.sub_steps)], 2)
+        return replace(self, g=g.reshape(g.shape[0], -1, *g.shape[3:]), decay_step=None)
 
     def with_write_keys(self) -> ScanOperands:
         """These operands with the write keys a = -strength c made, where a strength gives them."""
@@ -280,7 +297,7 @@ def sub_token_rows(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def torch_scan(ops: ScanOperands) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The chunked scan in PyTorch, one sequence at a time when packed: ([o per read], final state)."""
-    ops = ops.sub_token_reads().with_write_keys()
+    ops = ops.per_row()
     a = ops.a
     g = ops.g if ops.g is not None else a.new_zeros(*a.shape[:3], 1)
     modes = [POSITIONS[p] for _, p in ops.reads]

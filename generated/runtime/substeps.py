@@ -15,9 +15,10 @@ told that only the read's own sub-step is used (ScanOperands.sub_steps, read_ste
 read the token's row for each of its sub-tokens and store dq at the read's (a copy to the sub-tokens only for the
 reverse pass where it reads the queries unweighed), and its output kernel computes the read's rows alone,
 O(T C (K + V)) for chunks of C sub-tokens rather than n times that, as does the backward's A^T dO (dO is 0 at the
-others); the other implementations copy the queries to every sub-token first (ScanOperands.sub_token_reads), compute
+others); the other implementations copy the queries to every sub-token first (ScanOperands.per_row), compute
 a read at every sub-token, and the n - 1 others are dropped here. The state work, solve and other gradients are n
-times a token's anyway.
+times a token's anyway. A per-key decay at one sub-step alone comes a row per token likewise (ScanOperands.decay_step):
+[T, K] float32 log decays rather than [n T, K], which the delta rule's kernels read at that sub-step's rows.
 """
 from __future__ import annotations
 
@@ -61,7 +62,14 @@ def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, re
     erasing = any(c is not None for _, _, c, _, _ in writes)
     c = _interleave([_full(c, shape, K, h0) for _, _, c, _, _ in writes]) if erasing else None
     width = {"key": K, "value": V}.get(decay, 1)
-    g = _interleave([_full(lg, shape, width, h0) for _, _, _, lg, _ in writes]) if decay != "none" else None
+    # a per-key decay at one sub-step alone comes a row per token (ScanOperands.decay_step): [T, K] rather than n
+    # times that, mostly zeros, in the log decays' float32
+    decaying = [j for j, w in enumerate(writes) if w[3] is not None]
+    decay_step = decaying[0] if decay == "key" and n > 1 and len(decaying) == 1 else None
+    if decay_step is not None:
+        g = _full(writes[decay_step][3], shape, width, h0)
+    else:
+        g = _interleave([_full(lg, shape, width, h0) for _, _, _, lg, _ in writes]) if decay != "none" else None
     before = None
     if any(w[4] for w in writes):  # (indexed, not star-unpacked: see Scan.plain)
         # made on the device (fills), not copied from the host: a CUDA graph's capture refuses host-to-device copies
@@ -70,6 +78,7 @@ def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, re
     queries = [(_full(one if q is None else q, shape, K, h0), position) for q, _, position in reads]  # a row per token
     cu = None if cu_seqlens is None else cu_seqlens * n
     ops = ScanOperands(a, b, c, g, decay, queries, [None] * len(reads), h0, cu, chunk, c_before=before, sub_steps=n,
-                       read_steps=tuple(step for _, step, _ in reads), reads_per_token=True, strength=strength)  # fmt: skip
+                       read_steps=tuple(step for _, step, _ in reads), reads_per_token=True, strength=strength,
+                       decay_step=decay_step)  # fmt: skip
     outs, final = scan(ops)
     return [o.reshape(B, T, n, H, V)[:, :, step] for o, (_, step, _) in zip(outs, reads)], final

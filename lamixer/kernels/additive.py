@@ -309,7 +309,7 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config, decay: str | Non
     inputs are). Returns ([o], final state), and the normaliser's ([oz], final z) when the group carries one (ops.z0).
     decay: the kind the kernels were rendered for where it is not ops.decay: "constant" (the kernel plan's, for a log
     decay that is one number per sequence and head), read as one per sequence and head, not per token."""
-    ops = ops.sub_token_reads()
+    ops = ops.per_row()
     ((q, read),) = ops.reads
     (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32

@@ -43,7 +43,7 @@ CHUNK_BLOCK = 64
 
 
 def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Config, precision: str, tm: torch.Tensor | None = None,
-             qn: int = 1, strength: bool = False):  # fmt: skip
+             qn: int = 1, strength: bool = False, rows: dict | None = None):  # fmt: skip
     """The solve and prepare kernels: (T, the read's scores where the kernels keep them (else an empty tensor), W, U0,
     what a per-key decay's sequential passes read (else Nones): the weighed write keys, the chunks' log decays and, in
     the backward, the weighed queries, then the number of chunks, and the chunk layout with the launch shapes).
@@ -51,7 +51,8 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's): then neither T
     nor the scores are made again (the scores come back empty), and the queries are weighed where the kernels read them
     so (READS_WEIGHED). qn: q's rows per query row (query_rows). strength: a holds the writes' strengths s [B, T, H],
-    the write key being -s c (write_keys)."""
+    the write key being -s c (write_keys). rows: the log decays' rows (decay_rows)."""
+    rows = rows or decay_rows(1, -1)
     B, T, H, K = c.shape
     V = b.shape[-1]
     BT, BV = c_cfg.BT, max(CHUNK_BLOCK, min(c_cfg.BV, pow2(V)))
@@ -73,7 +74,7 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
         sc = torch.empty_like(tm)
         getattr(mod, f"{mod.NAME}_solve_kernel")[grid_chunks](
             q, qs, a, c, g, tm, sc, cu, indices, T, H=H, K=K, BT=BT, BK=BK, QN=qn, USE_QS=qs is not None, IS_VARLEN=varlen,
-            **solving, **launch_args(c_cfg),
+            **solving, **rows, **launch_args(c_cfg),
         )  # fmt: skip
     w = torch.empty(B, T, H, K, dtype=c.dtype, device=c.device)
     u0 = torch.empty(B, T, H, V, dtype=c.dtype, device=c.device)
@@ -92,16 +93,16 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     parts = cdiv(K, BK) + cdiv(V, BV) if split else 1
     getattr(mod, f"{mod.NAME}_prepare_kernel")[(parts, *grid_chunks)](
         a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split, CAUSAL=forward,
-        WEIGH_READS=weigh_reads, QN=qn, USE_QS=qs is not None, **solving, **shapes,
+        WEIGH_READS=weigh_reads, QN=qn, USE_QS=qs is not None, **solving, **rows, **shapes,
     )  # fmt: skip
     return tm, sc, w, u0, (ad, gl, qd), NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
 def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None,
-             qn: int = 1, strength: bool = False):  # fmt: skip
+             qn: int = 1, strength: bool = False, rows: dict | None = None):  # fmt: skip
     """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, what a per-key decay's
     sequential passes read (_prepare's), states at chunk starts, final state, chunk layout)."""
-    tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm, qn, strength)
+    tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm, qn, strength, rows)
     ad, gl, _ = reach
     B, T, H, K = c.shape
     V = b.shape[-1]
@@ -126,8 +127,8 @@ def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
 
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
-                   erase_before: bool = False, sub_steps: int = 1, step: int = 0, qn: int = 1,
-                   strength: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   erase_before: bool = False, sub_steps: int = 1, step: int = 0, qn: int = 1, strength: bool = False,
+                   decay_step: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
     the chunks' T = (I - M)^-1 [B, T, H, BT] and the read's scores [B, T, H, BT] where the kernels keep them (else
     empty), both kept for the backward so that it does not make them again). erase_before:
@@ -136,21 +137,24 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     sub_steps divides its chunks (read_rows), leaving the others unwritten. qn: rows per row of q (1, or sub_steps
     where q holds a row per token: ScanOperands.reads_per_token), which the kernels read for each of those rows.
     strength: a is the writes' strengths s [B, T, H] and the write key -s_t c_t (write_keys), which the forward's
-    kernels make from c as they load it, so that no write key tensor is written, read or kept.
+    kernels make from c as they load it, so that no write key tensor is written, read or kept. decay_step: g holds a
+    row per token of sub_steps rows, its log decay at that sub-step and 0 at the others (ScanOperands.decay_step; -1:
+    a row per row), which the kernels read so.
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
     qn = query_rows(q, c, qn)
+    rows = decay_rows(sub_steps, decay_step)
     tm, sc, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, True,
-                                                                         acc_precision(h0.dtype), qn=qn, strength=strength)  # fmt: skip
+                                                                         acc_precision(h0.dtype), qn=qn, strength=strength, rows=rows)  # fmt: skip
     B, T, H, _ = c.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     nsub, step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
         q, qs, a, c, g, h, u, sc, o, cu_seqlens, indices, T, NSUB=nsub, STEP=step, QN=qn, USE_QS=qs is not None, STRENGTH=strength,
-        SPAN=diagonal_span(c.dtype), PRECISION="ieee", **dict(shapes, num_stages=output_stages(c.dtype, shapes["num_stages"])),
+        SPAN=diagonal_span(c.dtype), PRECISION="ieee", **rows, **dict(shapes, num_stages=output_stages(c.dtype, shapes["num_stages"])),
     )  # fmt: skip
     return o, ht, tm, sc
 
@@ -160,6 +164,12 @@ def query_rows(q: torch.Tensor, c: torch.Tensor, qn: int) -> int:
     if q.shape[1] * qn != c.shape[1]:
         raise ValueError(f"delta_scan: q has {q.shape[1]} rows for the scan's {c.shape[1]} at {qn} per query row")
     return qn
+
+
+def decay_rows(sub_steps: int, decay_step: int) -> dict:
+    """The kernels' GN, GSTEP: g has a row per GN rows of the scan, its log decay at rows t with t % GN == GSTEP and 0
+    at the others (1, 0: a row per row)."""
+    return dict(GN=sub_steps, GSTEP=decay_step) if decay_step >= 0 else dict(GN=1, GSTEP=0)
 
 
 def write_keys(s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -196,7 +206,7 @@ delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward,
 
 
 @delta_scan.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1, strength=False):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1, strength=False, decay_step=-1):
     B, T, H, K = c.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     tm = c.new_empty(B, T, H, Config.from_list(cfg).BT)
@@ -207,20 +217,23 @@ def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, s
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                     h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, sc: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
                     decay: str, read: str, cfg: list[int], erase_before: bool = False, sub_steps: int = 1, step: int = 0,
-                    qn: int = 1, strength: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                    qn: int = 1, strength: bool = False,
+                    decay_step: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step, qn: the forward's (dO is
     0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is copied to
     its sub-tokens' rows for the reverse pass where it reads q itself; the other kernels read the token's row, and
     dq's row is the read's sub-token's (dq is 0 at the others, as dO is). strength (a the strengths): the forward's
     kernels rerun on them as the forward ran, the backward's own take the write keys made (write_keys), and the
-    gradient kernel gives d(strengths) in da's place and -s da within dc."""
+    gradient kernel gives d(strengths) in da's place and -s da within dc. decay_step: the forward's (g and dg a row per
+    token)."""
     mod = _module(decay, read, erase_before, h0.dtype)
     qn = query_rows(q, c, qn)
     cfg = Config.from_list(cfg)
     acc = h0.dtype
     precision = acc_precision(acc)
+    rows = decay_rows(sub_steps, decay_step)
     _, _, w, u, (ad, gl, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False,
-                                                                                       precision, tm, qn, strength)  # fmt: skip
+                                                                                       precision, tm, qn, strength, rows)  # fmt: skip
     s = a
     if strength:
         a = write_keys(s, c)
@@ -236,7 +249,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     nsub, rows_step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](
         q, qs, a, g, sc, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=rows_step, QN=qn, SPAN=diagonal_span(a.dtype),
-        **dict(common, BK=dv_key_block(a.dtype, K, shapes["BK"])),
+        **rows, **dict(common, BK=dv_key_block(a.dtype, K, shapes["BK"])),
     )  # fmt: skip
     dh = torch.empty_like(h)
     dh0 = torch.empty_like(h0)
@@ -252,7 +265,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         dgs = torch.empty(h.shape[0], H, K, dtype=acc, device=a.device)
         getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(cdiv(longest, shapes["BT"]), N * H)](
             g, h, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
-            IS_VARLEN=cu_seqlens is not None, num_warps=8)  # whole rows: narrower tiles were slower  # fmt: skip
+            IS_VARLEN=cu_seqlens is not None, num_warps=8, **rows)  # whole rows: narrower tiles were slower  # fmt: skip
     dq, dc, db = torch.empty_like(q), torch.empty_like(c), torch.empty_like(b)
     NK = cdiv(K, shapes["BK"])
     # a strength's gradient summed per key block (as a scalar decay's terms), else the write keys'
@@ -263,7 +276,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         xq, xr = (torch.empty(NK, B, T, H, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
         q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, s if strength else None, dsp, cu_seqlens, indices, T,
-        B * T * H, QN=qn, STEP=step if qn > 1 else 0, STRENGTH=strength, SPAN=diagonal_span(a.dtype),
+        B * T * H, QN=qn, STEP=step if qn > 1 else 0, STRENGTH=strength, SPAN=diagonal_span(a.dtype), **rows,
         **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps),
     )  # fmt: skip
     if strength:  # da's place: the strengths' gradient
@@ -327,22 +340,22 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 
 @delta_scan_backward.register_fake
 def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1,
-      strength=False):  # fmt: skip
+      strength=False, decay_step=-1):  # fmt: skip
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step, qn, strength = inputs
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step = inputs
     ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2], output[3])
-    ctx.config = (decay, read, cfg, erase_before, sub_steps, step, qn, strength)
+    ctx.config = (decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step)
 
 
 def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
     q, qs, a, b, c, g, h0, cu_seqlens, tm, sc = ctx.saved_tensors
     dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, *ctx.config)
-    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None, None, None, None, None
+    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None, None, None, None, None, None
 
 
 def _backward(ctx, do, dht, _dtm, _dsc):
@@ -373,6 +386,8 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[to
     inputs are). A scan given ops.c_before runs with every erase
     reading the state before its sub-token's decay (the template's erase_before: the kernel plan gives these kernels
     no scan where that differs between sub-tokens that decay and erase)."""
+    if ops.decay_step is not None and ops.decay != "key":  # the kernels read a per-key decay's rows so, no other's
+        ops = ops.sub_token_decays()
     ((q, read),) = ops.reads
     (qs,) = ops.query_factors
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -385,6 +400,7 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[to
     erase_before = ops.c_before is not None and ops.decay != "none"  # without a decay, before and after are one state
     sub_steps, step = (ops.sub_steps, ops.read_steps[0]) if ops.sub_steps > 1 else (1, 0)  # the read's rows (its hint)
     qn = ops.sub_steps if ops.reads_per_token else 1
-    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step, qn, strength)
+    decay_step = -1 if ops.decay_step is None else ops.decay_step
+    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step, qn, strength, decay_step)
     o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht

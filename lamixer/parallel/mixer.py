@@ -133,7 +133,7 @@ def scan(impl, shard: Shard, ops: ScanOperands):
     """impl(ops) (a scan implementation: ScanOperands -> (reads, final state[, normaliser reads, final])) over this
     rank's slice, composed with the ranks before it: the same reads and final states as one process would give
     (the final states of the whole sequences, on every rank)."""
-    ops = ops.sub_token_reads().with_write_keys()  # its pieces are cut by rows
+    ops = ops.per_row()  # its pieces are cut by rows
     result = impl(ops)
     outs, S = result[0], result[1]
     normal = len(result) > 2

@@ -137,6 +137,9 @@ def _kernels(c: Compiled) -> list[str]:
             lines.append(f"  scan {' + '.join(g.states)}: {g.train.module}_float32_{{{', '.join(g.train.names)}}}")
             if g.normaliser is not None:
                 lines.append(f"    {g.normaliser}: carried by these kernels as their normaliser (its own [K] state; reads: score rows summed)")
+            if g.strengths:
+                strengths = ", ".join(expr(c.graph, n) for n in g.strengths)
+                lines.append(f"    write keys: -strength * erase key, strength {strengths} (the forward's kernels scale by it: no write key tensor before the backward)")
     if any(g.decode is None for g in groups):
         return lines + (["recurrent kernel: none (" + "; ".join(missing or ["a scan without reads"]) + ")"] if groups else [])
     lines.append(f"recurrent kernel (inference, sequences of at most {MAX_T} tokens):")
@@ -170,6 +173,7 @@ def plan_json(c: Compiled) -> dict:
             "kernels": {"train": _kernels_json(g.train), "decode": _kernels_json(g.decode)},
             "config_key": g.train.module if g.train else None, "torch_chunk": g.chunk, "missing": list(g.missing),
             "substeps": [step.as_dict() for step in g.substeps], "read_steps": list(g.read_steps),
+            "strengths": [expr(c.graph, n) for n in g.strengths],
         })  # fmt: skip
     return {"spec": c.name, "title": c.graph.title, "scans": scans}
 
