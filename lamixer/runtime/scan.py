@@ -248,7 +248,7 @@ class ScanOperands:
     sub_steps: int = 1
     read_steps: tuple[int, ...] = ()
     # the reads' queries one row per token, each for its token's sub_steps rows (lamixer.runtime.substeps), rather than
-    # one per row: an implementation takes them so (the delta rule's chunk kernels) or calls sub_token_reads() first
+    # one per row: an implementation takes them so (the delta rule's chunk kernels) or calls per_row() first
     reads_per_token: bool = False
     # [.., 1]: the write key is -strength * c (the kernel plan's ScanGroup.strengths), a is None: an implementation takes
     # it so (the delta rule's chunk kernels, which make the keys as they load c) or calls per_row() first
