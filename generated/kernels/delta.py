@@ -136,8 +136,8 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     t with t % sub_steps == step only (ScanOperands' hint), and the output kernel computes those rows alone where
     sub_steps divides its chunks (read_rows), leaving the others unwritten. qn: rows per row of q (1, or sub_steps
     where q holds a row per token: ScanOperands.reads_per_token), which the kernels read for each of those rows.
-    strength: a is the writes' strengths s [B, T, H] and the write key -s_t c_t (write_keys), which the forward's
-    kernels make from c as they load it, so that no write key tensor is written, read or kept. decay_step: g holds a
+    strength: a is the writes' strengths s [B, T, H] and the write key -s_t c_t (write_keys): the forward's kernels
+    scale their products with the erase keys by -s, so that no write key tensor is written, read or kept. decay_step: g holds a
     row per token of sub_steps rows, its log decay at that sub-step and 0 at the others (ScanOperands.decay_step; -1:
     a row per row), which the kernels read so.
 

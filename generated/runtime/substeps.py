@@ -17,8 +17,9 @@ reverse pass where it reads the queries unweighed), and its output kernel comput
 O(T C (K + V)) for chunks of C sub-tokens rather than n times that, as does the backward's A^T dO (dO is 0 at the
 others); the other implementations copy the queries to every sub-token first (ScanOperands.per_row), compute
 a read at every sub-token, and the n - 1 others are dropped here. The state work, solve and other gradients are n
-times a token's anyway. A per-key decay at one sub-step alone comes a row per token likewise (ScanOperands.decay_step):
-[T, K] float32 log decays rather than [n T, K], which the delta rule's kernels read at that sub-step's rows.
+times a token's anyway. A decay at one sub-step alone comes a row per token likewise (ScanOperands.decay_step): under a
+per-key decay [T, K] float32 log decays rather than [n T, K], which the delta rule's kernels read at that sub-step's
+rows (the other implementations, and those kernels under other decays, expand it first).
 """
 from __future__ import annotations
 
@@ -62,10 +63,10 @@ def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, re
     erasing = any(c is not None for _, _, c, _, _ in writes)
     c = _interleave([_full(c, shape, K, h0) for _, _, c, _, _ in writes]) if erasing else None
     width = {"key": K, "value": V}.get(decay, 1)
-    # a per-key decay at one sub-step alone comes a row per token (ScanOperands.decay_step): [T, K] rather than n
-    # times that, mostly zeros, in the log decays' float32
+    # a decay at one sub-step alone comes a row per token (ScanOperands.decay_step): for a per-key decay [T, K] rather
+    # than n times that, mostly zeros, in the log decays' float32
     decaying = [j for j, w in enumerate(writes) if w[3] is not None]
-    decay_step = decaying[0] if decay == "key" and n > 1 and len(decaying) == 1 else None
+    decay_step = decaying[0] if n > 1 and len(decaying) == 1 else None
     if decay_step is not None:
         g = _full(writes[decay_step][3], shape, width, h0)
     else:

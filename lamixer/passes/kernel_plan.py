@@ -201,9 +201,7 @@ def _strengths(s: Scan, nodes: dict[int, dict]) -> tuple[int, ...]:
     for w in s.writes:
         if w.key is None or w.erase is None:
             return ()
-        e, k = nodes[w.erase], nodes[w.key]
-        zero = e["op"] == "binary" and e["fn"] == "sub" and nodes[e["args"][0]]["op"] == "const" and nodes[e["args"][0]]["value"] == 0
-        x = e["args"][1] if zero else None
+        x, k = _negated(nodes, w.erase), nodes[w.key]
         if x is None or not (k["op"] == "binary" and k["fn"] == "mul" and x in k["args"]):
             return ()
         other = k["args"][1] if k["args"][0] == x else k["args"][0]
@@ -211,6 +209,13 @@ def _strengths(s: Scan, nodes: dict[int, dict]) -> tuple[int, ...]:
             return ()
         found.append(other)
     return tuple(found)
+
+
+def _negated(nodes: dict[int, dict], n: int) -> int | None:
+    """x where node n is 0 - x (how the classifier writes a negation, e.g. the erase key of `v - k @ S`), else None."""
+    d = nodes[n]
+    zero = d["op"] == "binary" and d["fn"] == "sub" and nodes[d["args"][0]]["op"] == "const" and nodes[d["args"][0]]["value"] == 0
+    return d["args"][1] if zero else None
 
 
 def _substeps(s: Scan) -> tuple[SubStep, ...]:
@@ -293,8 +298,8 @@ class _Forms:
             return Form(self.plain_input(n))
         if d["op"] == "normalize" and d["fn"] == "l2norm" and self.plain_input(d["args"][0]):
             return Form(self.plain_input(d["args"][0]), norm=True)
-        if d["op"] == "binary" and d["fn"] == "sub" and nodes[d["args"][0]]["op"] == "const" and nodes[d["args"][0]]["value"] == 0:
-            inner = self.form(d["args"][1])
+        if _negated(nodes, n) is not None:
+            inner = self.form(_negated(nodes, n))
             return None if inner is None else Form(inner.input, inner.factor, not inner.negate, inner.norm, inner.token, inner.params)
         if d["op"] == "binary" and d["fn"] == "mul":
             for x, f in (d["args"], tuple(reversed(d["args"]))):

@@ -251,11 +251,11 @@ class ScanOperands:
     # one per row: an implementation takes them so (the delta rule's chunk kernels) or calls per_row() first
     reads_per_token: bool = False
     # [.., 1]: the write key is -strength * c (the kernel plan's ScanGroup.strengths), a is None: an implementation takes
-    # it so (the delta rule's chunk kernels, which make the keys as they load c) or calls per_row() first
+    # it so (the delta rule's chunk kernels, which scale their products by -strength) or calls per_row() first
     strength: torch.Tensor | None = None
     # the sub-step of each token whose decay g is (lamixer.runtime.substeps), g then a row per token and every other
     # sub-step's log decay 0; None: g a row per row. An implementation takes it so (the delta rule's chunk kernels under
-    # a per-key decay) or calls per_row() first
+    # a per-key decay, the one whose rows are wide) or calls per_row() / sub_token_decays() first
     decay_step: int | None = None
 
     @property
