@@ -191,11 +191,13 @@ def test_the_forward_keeps_each_chunks_inverse_for_the_backward(decay):
         assert not torch.allclose(grads[2], wrong[2])  # db = T^T (A^T dO + ...)
 
 
-@pytest.mark.parametrize("decay", ["none", "scalar", "key"])
-def test_strengths_stand_for_the_write_keys(decay):
-    """Given the writes' strengths s (strength=True), the forward's kernels make the write keys -s c from the erase
-    keys: the same outputs and final state as the keys made first, to float64's rounding, packed sequences and a
-    chunk's tail included; the gradients of s and c are those of the keys through -s c."""
+@pytest.mark.parametrize("decay, read, erase_before", [("none", "after", False), ("scalar", "after", False), ("key", "after", False),
+                                                       ("scalar", "before", False), ("key", "after", True)])  # fmt: skip
+def test_strengths_stand_for_the_write_keys(decay, read, erase_before):
+    """Given the writes' strengths s (strength=True), the kernels scale their products with the erase keys by -s: the
+    same outputs and final state as the write keys -s c made first, to float64's rounding, packed sequences and a
+    chunk's tail included; the gradients of s and c are those of the keys through -s c (a read or erase before the
+    decay takes the pairs no decay weighs, the previous token's key among them)."""
     torch.manual_seed(1)
     B, T, H, K = 1, 45, 2, 8
     q, b, c = (torch.randn(B, T, H, K, dtype=torch.float64, requires_grad=True) for _ in range(3))
@@ -204,13 +206,13 @@ def test_strengths_stand_for_the_write_keys(decay):
     h0 = torch.randn(2, H, K, K, dtype=torch.float64)
     cu = torch.tensor([0, 20, T])
     cfg = Config(16, 16, 16, 4, 1).as_list()
-    made = triton_delta.delta_scan(q, None, -s[..., None] * c, b, c, g, h0, cu, decay, "after", cfg)
-    taken = triton_delta.delta_scan(q, None, s, b, c, g, h0, cu, decay, "after", cfg, strength=True)
+    made = triton_delta.delta_scan(q, None, -s[..., None] * c, b, c, g, h0, cu, decay, read, cfg, erase_before)
+    taken = triton_delta.delta_scan(q, None, s, b, c, g, h0, cu, decay, read, cfg, erase_before, strength=True)
     for x, y in zip(made[:2], taken[:2]):
         assert (x - y).abs().max() < 1e-12 * x.abs().max()
     do = torch.randn_like(made[0])
     want = torch.autograd.grad((made[0] * do).sum(), (q, b, c, s))
-    args = (q, None, s, b, c, g, h0, cu, decay, "after", cfg, False, 1, 0, 1, True, -1)
+    args = (q, None, s, b, c, g, h0, cu, decay, read, cfg, erase_before, 1, 0, 1, True, -1)
     o, _ = triton_delta._EagerDeltaScan.apply(*args)
     got = torch.autograd.grad((o * do).sum(), (q, b, c, s))
     for name, x, y in zip(("dq", "db", "dc", "ds"), want, got):

@@ -368,13 +368,15 @@ def scan_delta_scalar_after_float32_output_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_dv_kernel(
-    q, qs, a, g, sc, do, du, cu_seqlens, chunk_indices, T,
+    q, qs, a, c, g, sc, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr,
-    SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr,
+    GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    ACC_PRECISION: tl.constexpr,
 ):
     """The chunk-local part of dU: A^T dO into du [B, T, H, V], over the read
-    rows the output kernel computed (NSUB, STEP: dO is 0 at the others). One program per (chunk, sequence x head)."""
+    rows the output kernel computed (NSUB, STEP: dO is 0 at the others). STRENGTH: a holds the writes' strengths s
+    [B, T, H], the write key being -s c. One program per (chunk, sequence x head)."""
     i_c, i_x = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
         i_h = i_x
@@ -406,12 +408,18 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        if STRENGTH:  # the pairs' write side: the erase keys (the strengths scale the pairs after the key loop)
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_a = b_c
+        else:
+            b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
         b_q = tl.load(q + ((t_r // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_Ak = tl.where(m_p, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION).to(tl.float32) * tl.exp(tl.where(m_p, b_E[:, None] - b_B[None, :], float("-inf"))), 0.)  # [BT, BT]
         b_A += b_Ak
+    if STRENGTH:  # A_ij = -s_j q_i . c_j (selected: a later token's inf strength is no NaN here)
+        b_A = tl.where(m_p, b_A * -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)[None, :], 0.)
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -422,16 +430,19 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_dh_kernel(
-    q, qs, a, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
+    q, qs, a, c, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, USE_DHT: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    QN: tl.constexpr, USE_QS: tl.constexpr, USE_DHT: tl.constexpr, STRENGTH: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The reverse state pass: dS at every chunk end into dh [chunks, H, K, V], dU = A^T dO + (a e^{B_last - B}) dS_end
     into du (in place), dh0. One program per (value block, sequence x head), dS as up to four key blocks
     b_h0 .. b_h3 of BK rows (K <= 4 BK), tiles through block pointers off the sequence's first row (the pass
     holds the most registers; templates/state_blocks.jinja). d(log decay)'s segment-end terms are bwd_dgs_kernel's,
     in parallel after it: here they took a branch and two more state tiles per chunk (gated_deltanet on the H200:
-    this pass 962 us, deltanet's 467)."""
+    this pass 962 us, deltanet's 467). STRENGTH: a holds the writes' strengths s [B, T, H], the write
+    key being -s c: the keys' reach to dU is c's, its rows scaled by -s. q: a row per QN rows (1, or a token's for its
+    QN sub-tokens), gathered for each row (QN > 1) where the others come through block pointers."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -445,8 +456,12 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
     L = eos - bos
     o_t = tl.arange(0, BT)
     row0 = bos * H + i_h  # the sequence's first token, this head: rows of q, a, w, do, du are H apart
-    q += row0 * K
-    a += row0 * K
+    q += (bos // QN * H + i_h) * K  # (a sequence is whole tokens)
+    if STRENGTH:
+        a += row0
+        c += row0 * K
+    else:
+        a += row0 * K
     w += row0 * K
     do += row0 * V
     du += row0 * V
@@ -465,8 +480,15 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             b_h3 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
     NT = tl.cdiv(L, BT).to(tl.int32)  # int32 chunk offsets, as block pointers take them
     b_gn = tl.load(g + (bos + (NT - 1) * BT + o_t) * H + i_h, mask=(NT - 1) * BT + o_t < L, other=0.)
+    if STRENGTH:  # the last chunk's strengths, then each chunk's loaded one chunk ahead (as the state pass's)
+        o_s = (NT - 1) * BT + tl.arange(0, BT)
+        b_sn = tl.load(a + o_s * H, mask=o_s < L, other=0.)  # [BT]
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
+        if STRENGTH:
+            b_s = -b_sn.to(tl.float32)  # -s
+            o_s = (i_t - 1) * BT + tl.arange(0, BT)
+            b_sn = tl.load(a + o_s * H, mask=(o_s >= 0) & (o_s < L), other=0.)
         p_dh = dh + ((c0 + i_t) * H + i_h) * K * V
         tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 1 * BK:
@@ -482,23 +504,42 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
         b_E = b_B
         b_last = tl.sum(b_g, axis=0)
         b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
-        b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+        if STRENGTH:
+            b_a = tl.load(tl.make_block_ptr(c, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+        else:
+            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
         b_du = tl.dot(((b_a * tl.exp(b_R)[:, None])).to(a.dtype.element_ty), (b_h0).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 1 * BK:
-            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            if STRENGTH:
+                b_a = tl.load(tl.make_block_ptr(c, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            else:
+                b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(a.dtype.element_ty), (b_h1).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 2 * BK:
-            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            if STRENGTH:
+                b_a = tl.load(tl.make_block_ptr(c, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            else:
+                b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(a.dtype.element_ty), (b_h2).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
         if K > 3 * BK:
-            b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            if STRENGTH:
+                b_a = tl.load(tl.make_block_ptr(c, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            else:
+                b_a = tl.load(tl.make_block_ptr(a, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_du += tl.dot(((b_a * tl.exp(b_R)[:, None])).to(a.dtype.element_ty), (b_h3).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # [BT, BV]
+        if STRENGTH:  # (a e^{B_last - B}) dS = -s (c e^{B_last - B}) dS
+            b_du = b_du * b_s[:, None]
         # A^T dO added after the products: a load that initialised their accumulator would not be pipelined
         p_du = tl.make_block_ptr(du, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0))
         b_du += tl.load(p_du, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         tl.store(p_du, b_du.to(du.dtype.element_ty), boundary_check=(0, 1))
         b_do = tl.load(tl.make_block_ptr(do, (L, V), (H * V, 1), (i_t * BT, i_v * BV), (BT, BV), (1, 0)), boundary_check=(0, 1), padding_option="zero").to(tl.float32)  # [BT, BV]
-        b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+        if QN == 1:
+            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+        else:  # each row's token
+            o_q = i_t * BT + tl.arange(0, BT)
+            o_qk = tl.arange(0, BK)
+            b_q = tl.load(q + (o_q // QN)[:, None] * (H * K) + 0 + o_qk[None, :], mask=(o_q < L)[:, None] & (o_qk < K - 0)[None, :], other=0.)
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
@@ -506,7 +547,12 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
         b_h0 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_h0 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 1 * BK:
-            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            if QN == 1:
+                b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            else:  # each row's token
+                o_q = i_t * BT + tl.arange(0, BT)
+                o_qk = tl.arange(0, BK)
+                b_q = tl.load(q + (o_q // QN)[:, None] * (H * K) + 1 * BK + o_qk[None, :], mask=(o_q < L)[:, None] & (o_qk < K - 1 * BK)[None, :], other=0.)
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
@@ -514,7 +560,12 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             b_h1 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             b_h1 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 2 * BK:
-            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            if QN == 1:
+                b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            else:  # each row's token
+                o_q = i_t * BT + tl.arange(0, BT)
+                o_qk = tl.arange(0, BK)
+                b_q = tl.load(q + (o_q // QN)[:, None] * (H * K) + 2 * BK + o_qk[None, :], mask=(o_q < L)[:, None] & (o_qk < K - 2 * BK)[None, :], other=0.)
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
@@ -522,7 +573,12 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             b_h2 += tl.dot((tl.trans((b_q * tl.exp(b_E)[:, None]))).to(a.dtype.element_ty), (b_do).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             b_h2 += tl.dot((tl.trans(b_w)).to(a.dtype.element_ty), (b_du).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 3 * BK:
-            b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            if QN == 1:
+                b_q = tl.load(tl.make_block_ptr(q, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
+            else:  # each row's token
+                o_q = i_t * BT + tl.arange(0, BT)
+                o_qk = tl.arange(0, BK)
+                b_q = tl.load(q + (o_q // QN)[:, None] * (H * K) + 3 * BK + o_qk[None, :], mask=(o_q < L)[:, None] & (o_qk < K - 3 * BK)[None, :], other=0.)
             if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
@@ -585,7 +641,7 @@ def scan_delta_scalar_after_float32_bwd_dgs_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_grad_kernel(
-    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, sa, ds, cu_seqlens, chunk_indices, T, x_block_stride,
+    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, ds, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr,
     GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
@@ -597,8 +653,9 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
     [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db). q and dq: a row
     per QN rows (1, or a token's for its QN sub-tokens), dq stored from the rows at sub-token STEP (dO, and so dq,
-    is 0 at the others). STRENGTH: a is the write keys -s c made from the strengths sa [B, T, H]: da is not stored,
-    but its sum against c, -sum_k da c (d s), per key block into ds [NK, B, T, H], and -s da joins dc.
+    is 0 at the others). STRENGTH: a holds the writes' strengths s [B, T, H], the write keys -s c made here in the
+    inputs' dtype: da is not stored, but its sum against c, -sum_k da c (d s), per key block into ds [NK, B, T, H],
+    and -s da joins dc.
     """
     i_k, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -621,8 +678,13 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
-    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    if STRENGTH:
+        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_sw = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT] -s
+        b_a = (b_c * b_sw[:, None]).to(c.dtype.element_ty)
+    else:
+        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
@@ -685,9 +747,8 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_fd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_dA, 0.), axis=1)  # [BT] d_ii
     b_da += b_fd[:, None] * b_q.to(tl.float32)
     if STRENGTH:  # a = -s c: d s and dc's share, from the float32 gradients
-        b_sw = tl.load(sa + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
         tl.store(ds + i_k.to(tl.int64) * x_block_stride + t * H + i_h, -tl.sum(b_da * b_c.to(tl.float32), axis=1), mask=m_t)
-        b_dc = b_dc - b_sw[:, None] * b_da
+        b_dc = b_dc + b_sw[:, None] * b_da
     else:
         tl.store(da + p_k, b_da.to(da.dtype.element_ty), mask=m_tk)
     tl.store(dc + p_k, b_dc.to(dc.dtype.element_ty), mask=m_tk)

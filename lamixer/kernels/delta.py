@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime import fuse
-from ..runtime.scan import ScanOperands, sub_token_rows
+from ..runtime.scan import ScanOperands
 from .config import Config
 from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, diagonal_span, launch_args, pow2, run_scan_op, state_key_block, state_stages
 from .loader import kernels
@@ -51,7 +51,7 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's): then neither T
     nor the scores are made again (the scores come back empty), and the queries are weighed where the kernels read them
     so (READS_WEIGHED). qn: q's rows per query row (query_rows). strength: a holds the writes' strengths s [B, T, H],
-    the write key being -s c (write_keys). rows: the log decays' rows (decay_rows)."""
+    the write key being -s c. rows: the log decays' rows (decay_rows)."""
     rows = rows or decay_rows(1, -1)
     B, T, H, K = c.shape
     V = b.shape[-1]
@@ -136,8 +136,8 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     t with t % sub_steps == step only (ScanOperands' hint), and the output kernel computes those rows alone where
     sub_steps divides its chunks (read_rows), leaving the others unwritten. qn: rows per row of q (1, or sub_steps
     where q holds a row per token: ScanOperands.reads_per_token), which the kernels read for each of those rows.
-    strength: a is the writes' strengths s [B, T, H] and the write key -s_t c_t (write_keys): the forward's kernels
-    scale their products with the erase keys by -s, so that no write key tensor is written, read or kept. decay_step: g holds a
+    strength: a is the writes' strengths s [B, T, H] and the write key -s_t c_t: the kernels scale their products
+    with the erase keys by -s, so that no write key tensor is written, read or kept. decay_step: g holds a
     row per token of sub_steps rows, its log decay at that sub-step and 0 at the others (ScanOperands.decay_step; -1:
     a row per row), which the kernels read so.
 
@@ -170,12 +170,6 @@ def decay_rows(sub_steps: int, decay_step: int) -> dict:
     """The kernels' GN, GSTEP: g has a row per GN rows of the scan, its log decay at rows t with t % GN == GSTEP and 0
     at the others (1, 0: a row per row)."""
     return dict(GN=sub_steps, GSTEP=decay_step) if decay_step >= 0 else dict(GN=1, GSTEP=0)
-
-
-def write_keys(s: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """The write keys -s_t c_t [B, T, H, K] of strengths s [B, T, H] and erase keys c, in c's dtype: one elementwise
-    pass (the forward's kernels never form them: they scale their products by -s instead)."""
-    return c * (-s).unsqueeze(-1)
 
 
 def dv_key_block(dtype: torch.dtype, K: int, BK: int) -> int:
@@ -220,12 +214,10 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
                     qn: int = 1, strength: bool = False,
                     decay_step: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step, qn: the forward's (dO is
-    0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is copied to
-    its sub-tokens' rows for the reverse pass where it reads q itself; the other kernels read the token's row, and
-    dq's row is the read's sub-token's (dq is 0 at the others, as dO is). strength (a the strengths): the forward's
-    kernels rerun on them as the forward ran, the backward's own take the write keys made (write_keys), and the
-    gradient kernel gives d(strengths) in da's place and -s da within dc. decay_step: the forward's (g and dg a row per
-    token)."""
+    0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is read at each of
+    its sub-tokens' rows (the reverse pass gathers them), and dq's row is the read's sub-token's (dq is 0 at the others, as dO is). strength (a the strengths): every kernel
+    takes them as the forward's do, and the gradient kernel gives d(strengths) in da's place and -s da within dc.
+    decay_step: the forward's (g and dg a row per token)."""
     mod = _module(decay, read, erase_before, h0.dtype)
     qn = query_rows(q, c, qn)
     cfg = Config.from_list(cfg)
@@ -234,10 +226,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     rows = decay_rows(sub_steps, decay_step)
     _, _, w, u, (ad, gl, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False,
                                                                                        precision, tm, qn, strength, rows)  # fmt: skip
-    s = a
-    if strength:
-        a = write_keys(s, c)
-    B, T, H, K = a.shape
+    B, T, H, K = c.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     BW, BG = min(cfg.BW, pow2(V)), min(cfg.BG or cfg.BV, pow2(V))  # the reverse pass's and the gradient kernel's value blocks
@@ -245,24 +234,25 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     do, dht = do.contiguous(), dht.contiguous()
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
     # dU in the inputs' dtype, as the other intermediates (the template's header)
-    du = torch.empty(B, T, H, V, dtype=a.dtype, device=a.device)
+    du = torch.empty(B, T, H, V, dtype=c.dtype, device=c.device)
     nsub, rows_step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](
-        q, qs, a, g, sc, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=rows_step, QN=qn, SPAN=diagonal_span(a.dtype),
-        **rows, **dict(common, BK=dv_key_block(a.dtype, K, shapes["BK"])),
+        q, qs, a, c, g, sc, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=rows_step, QN=qn, STRENGTH=strength,
+        SPAN=diagonal_span(c.dtype), **rows, **dict(common, BK=dv_key_block(c.dtype, K, shapes["BK"])),
     )  # fmt: skip
     dh = torch.empty_like(h)
     dh0 = torch.empty_like(h0)
-    # the reverse pass reads the queries weighed as the prepare kernel left them, qs applied, where it made them
-    rq, rqs = (qd, None) if qd is not None else (q if qn == 1 else sub_token_rows(q, qn), qs)
+    # the reverse pass reads the queries weighed as the prepare kernel left them (a row per row), qs applied, where it
+    # made them
+    rq, rqs, rqn = (qd, None, 1) if qd is not None else (q, qs, qn)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
-        rq, rqs, a, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
-        USE_DHT=True, **dict(common, USE_QS=rqs is not None, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
+        rq, rqs, a, c, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
+        QN=rqn, USE_DHT=True, STRENGTH=strength, **dict(common, USE_QS=rqs is not None, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
     )  # fmt: skip
     dgs = None
     if decay != "none":
         longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        dgs = torch.empty(h.shape[0], H, K, dtype=acc, device=a.device)
+        dgs = torch.empty(h.shape[0], H, K, dtype=acc, device=c.device)
         getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(cdiv(longest, shapes["BT"]), N * H)](
             g, h, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
             IS_VARLEN=cu_seqlens is not None, num_warps=8, **rows)  # whole rows: narrower tiles were slower  # fmt: skip
@@ -273,14 +263,14 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     if decay == "key":  # the kernel finishes d(log decay) (the kernel's docstring)
         xq, xr = torch.empty_like(g), None
     else:  # its terms, summed over each key block
-        xq, xr = (torch.empty(NK, B, T, H, dtype=acc, device=a.device) if g is not None else None for _ in range(2))
+        xq, xr = (torch.empty(NK, B, T, H, dtype=acc, device=c.device) if g is not None else None for _ in range(2))
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
-        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, s if strength else None, dsp, cu_seqlens, indices, T,
-        B * T * H, QN=qn, STEP=step if qn > 1 else 0, STRENGTH=strength, SPAN=diagonal_span(a.dtype), **rows,
+        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, dsp, cu_seqlens, indices, T,
+        B * T * H, QN=qn, STEP=step if qn > 1 else 0, STRENGTH=strength, SPAN=diagonal_span(c.dtype), **rows,
         **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps),
     )  # fmt: skip
     if strength:  # da's place: the strengths' gradient
-        da = dsp.sum(0).to(s.dtype)
+        da = dsp.sum(0).to(a.dtype)
     if g is None:
         return dq, da, db, dc, q.new_empty(0), dh0
     if decay == "key":
