@@ -265,3 +265,19 @@ def test_the_solve_holds_float32_where_its_powers_cancel(decay, BT):
         want = torch.linalg.inv(torch.eye(BT, dtype=torch.float64) - M).permute(0, 2, 1, 3)
         worst = max(worst, ((tm[:, rows].double() - want).norm() / want.norm()).item())
     assert worst < 2e-4, worst  # measured 2.5e-5 to 9.5e-5
+
+
+def test_the_state_passes_narrow_their_value_block_on_a_device_they_leave_idle(monkeypatch):
+    """The sequential passes' value block halves while the halved grid still fits one wave of the device's
+    multiprocessors (132 on an H200), down to 32: 32 walks of 128 values take 32-wide blocks, 64 walks keep the
+    configuration's 64, one walk's 128 stops at 32; off a GPU the configuration's block stands, at most V's."""
+    from lamixer.kernels import launch
+
+    monkeypatch.setattr(launch, "_multiprocessors", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    assert launch.state_value_block(64, 128, 32, gpu) == 32
+    assert launch.state_value_block(64, 128, 64, gpu) == 64
+    assert launch.state_value_block(128, 128, 1, gpu) == 32
+    assert launch.state_value_block(64, 40, 200, gpu) == 64
+    assert launch.state_value_block(64, 128, 1, torch.device("cpu")) == 64
+    assert launch.state_value_block(64, 20, 1, torch.device("cpu")) == 32

@@ -15,7 +15,7 @@ import torch
 from ..runtime import fuse
 from ..runtime.scan import ScanOperands
 from .config import Config
-from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, diagonal_span, launch_args, pow2, run_scan_op, state_key_block, state_stages
+from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, diagonal_span, launch_args, pow2, run_scan_op, state_key_block, state_stages, state_value_block
 from .loader import kernels
 
 FAMILY = "scan_delta"
@@ -107,7 +107,7 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht
     B, T, H, K = c.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
-    BW = min(c_cfg.BW, pow2(V))
+    BW = state_value_block(c_cfg.BW, V, N * H, c.device)
     acc = h0.dtype
     _, _, offsets, shapes = layout
     h = torch.empty(NC, H, K, V, dtype=c.dtype, device=c.device)
@@ -229,7 +229,8 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     B, T, H, K = c.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    BW, BG = min(cfg.BW, pow2(V)), min(cfg.BG or cfg.BV, pow2(V))  # the reverse pass's and the gradient kernel's value blocks
+    # the reverse pass's and the gradient kernel's value blocks
+    BW, BG = state_value_block(cfg.BW, V, N * H, c.device), min(cfg.BG or cfg.BV, pow2(V))
     NV = cdiv(V, BW)
     do, dht = do.contiguous(), dht.contiguous()
     common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)

@@ -1,6 +1,7 @@
 """What every kernel family's host code shares: capability checks, chunk indexing, dot precisions, launch helpers."""
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -17,6 +18,27 @@ def pow2(n: int, lo: int = 16) -> int:
 
 
 MAX_HEAD_DIM = 256  # a whole key (or value) row of the state sits in one program's registers
+
+
+def state_value_block(BW: int, V: int, walks: int, device: torch.device) -> int:
+    """The value block of a sequential state pass run as `walks` programs (sequence x head) per value block: the
+    configuration's BW (V's power of two at most), halved while the halved block's grid still fits one wave of the
+    device's multiprocessors, down to 32 (the narrowest these passes were run at on a GPU). Each program walks every
+    chunk in turn: where programs are fewer than multiprocessors, a narrower block shortens each step of that path on
+    an idle device, where they are more, it only adds programs (bench/results/NOTES.md, "the strengths' backward,
+    timed")."""
+    BW = min(BW, pow2(V))
+    if device.type != "cuda":
+        return BW
+    sms = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+    while BW > 32 and walks * cdiv(V, BW // 2) <= sms:
+        BW //= 2
+    return BW
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def launch_problems(device: torch.device) -> list[str]:
