@@ -21,13 +21,13 @@ from .loader import kernels
 FAMILY = "scan_delta"
 
 
-KERNELS = ("solve_kernel", "prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_dgs_kernel", "bwd_grad_kernel")
+KERNELS = ("solve_kernel", "prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_grad_kernel")
 
 
 def kernel_names(decay: str) -> list[str]:
-    """The kernels a delta scan with this decay renders, in launch order (no decay: no d(log decay) terms; a solve
-    kernel only where the read's scores are kept, under a decay along the key dim: decay/key.jinja)."""
-    return [k for k in KERNELS if (decay != "none" or k != "bwd_dgs_kernel") and (decay == "key" or k != "solve_kernel")]
+    """The kernels a delta scan with this decay renders, in launch order (a solve kernel only where the read's scores
+    are kept, under a decay along the key dim: decay/key.jinja)."""
+    return [k for k in KERNELS if decay == "key" or k != "solve_kernel"]
 
 
 CHUNKS = (16, 32, 64)  # the in-kernel solve handles chunks of 16-token blocks, at most four of them
@@ -250,13 +250,9 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         rq, rqs, a, c, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
         QN=rqn, USE_DHT=True, STRENGTH=strength, **dict(common, USE_QS=rqs is not None, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
     )  # fmt: skip
-    dgs = None
-    if decay != "none":
-        longest = T if cu_seqlens is None else int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
-        dgs = torch.empty(h.shape[0], H, K, dtype=acc, device=c.device)
-        getattr(mod, f"{mod.NAME}_bwd_dgs_kernel")[(cdiv(longest, shapes["BT"]), N * H)](
-            g, h, dh, dgs, cu_seqlens, offsets, T, H=H, K=K, V=V, BT=shapes["BT"], BK=pow2(K), BV=min(128 * 128 // pow2(K), pow2(V)),
-            IS_VARLEN=cu_seqlens is not None, num_warps=8, **rows)  # whole rows: narrower tiles were slower  # fmt: skip
+    # a scalar decay's whole-decay terms per chunk and key, exp(B_last) sum_v dS_end * S0, for the host's sums (the
+    # gradient kernel makes them from the state tiles it loads; a per-key decay's it adds itself)
+    dgs = torch.empty(h.shape[0], H, K, dtype=acc, device=c.device) if decay == "scalar" else None
     dq, dc, db = torch.empty_like(q), torch.empty_like(c), torch.empty_like(b)
     NK = cdiv(K, shapes["BK"])
     # a strength's gradient summed per key block (as a scalar decay's terms), else the write keys'

@@ -417,9 +417,9 @@ def scan_delta_none_after_float32_bwd_dh_kernel(
     """The reverse state pass: dS at every chunk end into dh [chunks, H, K, V], dU = A^T dO + (a e^{B_last - B}) dS_end
     into du (in place), dh0. One program per (value block, sequence x head), dS as up to four key blocks
     b_h0 .. b_h3 of BK rows (K <= 4 BK), tiles through block pointers off the sequence's first row (the pass
-    holds the most registers; templates/state_blocks.jinja). d(log decay)'s segment-end terms are bwd_dgs_kernel's,
-    in parallel after it: here they took a branch and two more state tiles per chunk (gated_deltanet on the H200:
-    this pass 962 us, deltanet's 467). STRENGTH: a holds the writes' strengths s [B, T, H], the write
+    holds the most registers; templates/state_blocks.jinja). d(log decay)'s segment-end terms are the gradient kernel's,
+    which loads both state tiles anyway: here they took a branch and two more state tiles per chunk (gated_deltanet
+    on the H200: this pass 962 us, deltanet's 467). STRENGTH: a holds the writes' strengths s [B, T, H], the write
     key being -s c: the keys' reach to dU is c's, its rows scaled by -s. q: a row per QN rows (1, or a token's for its
     QN sub-tokens), gathered for each row (QN > 1) where the others come through block pointers."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)

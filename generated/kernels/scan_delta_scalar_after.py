@@ -438,9 +438,9 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
     """The reverse state pass: dS at every chunk end into dh [chunks, H, K, V], dU = A^T dO + (a e^{B_last - B}) dS_end
     into du (in place), dh0. One program per (value block, sequence x head), dS as up to four key blocks
     b_h0 .. b_h3 of BK rows (K <= 4 BK), tiles through block pointers off the sequence's first row (the pass
-    holds the most registers; templates/state_blocks.jinja). d(log decay)'s segment-end terms are bwd_dgs_kernel's,
-    in parallel after it: here they took a branch and two more state tiles per chunk (gated_deltanet on the H200:
-    this pass 962 us, deltanet's 467). STRENGTH: a holds the writes' strengths s [B, T, H], the write
+    holds the most registers; templates/state_blocks.jinja). d(log decay)'s segment-end terms are the gradient kernel's,
+    which loads both state tiles anyway: here they took a branch and two more state tiles per chunk (gated_deltanet
+    on the H200: this pass 962 us, deltanet's 467). STRENGTH: a holds the writes' strengths s [B, T, H], the write
     key being -s c: the keys' reach to dU is c's, its rows scaled by -s. q: a row per QN rows (1, or a token's for its
     QN sub-tokens), gathered for each row (QN > 1) where the others come through block pointers."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
@@ -596,50 +596,6 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
 
 
 @triton.jit(do_not_specialize=["T"])
-def scan_delta_scalar_after_float32_bwd_dgs_kernel(
-    g, h, dh, dgs, cu_seqlens, chunk_offsets, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    GN: tl.constexpr, GSTEP: tl.constexpr, IS_VARLEN: tl.constexpr,
-):
-    """d(log decay)'s whole-decay term of each chunk, through the state entering it: exp(B_last) sum_v dS_end * S0 [K],
-    dS as the reverse pass stored it (dh), S0 as the state pass did (h), into dgs [chunks, H, K]. (The chunk's writes'
-    part of sum_v dS_end * S_end is the gradient kernel's: the last write's is O(1) and no decay weighs it, which a
-    sum over S_end would hold: free_pairs.jinja.) One program per (chunk of the sequence, sequence x head); BK: all key
-    rows."""
-    i_t, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-        c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
-    else:
-        bos = i_n.to(tl.int64) * T
-        eos = bos + T
-        c0 = i_n.to(tl.int64) * tl.cdiv(T, BT)
-    L = eos - bos
-    o_t = tl.arange(0, BT)
-    if i_t * BT >= L:
-        return
-    t = bos + i_t * BT + o_t  # [BT] the chunk's rows, int64
-    m_t = i_t * BT + o_t < L
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
-    b_last = tl.sum(b_g, axis=0)
-    p_dS = dh + ((c0 + i_t) * H + i_h) * K * V
-    p_h = h + ((c0 + i_t) * H + i_h) * K * V
-    b_x = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        p = o_k[:, None] * V + o_v[None, :]
-        m = m_k[:, None] & (o_v < V)[None, :]
-        b_dS = tl.load(p_dS + p, mask=m, other=0.).to(tl.float32)
-        b_h = tl.load(p_h + p, mask=m, other=0.).to(tl.float32)
-        b_x += tl.sum(b_dS * b_h, axis=1)
-    tl.store(dgs + ((c0 + i_t) * H + i_h) * K + o_k, b_x * tl.exp(b_last), mask=m_k)
-
-
-@triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_grad_kernel(
     q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, ds, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -648,7 +604,7 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V];
     and d(log decay) from the float32 gradients, before they are rounded: its terms xq = q * dq and xr = c * dc - a * da
-    (summed over this key block: [NK, B, T, H], x_block_stride apart; the host finishes them), which the suffix sums within the chunk and the chunk's whole-decay term dgs finish.
+    (summed over this key block: [NK, B, T, H], x_block_stride apart; and dgs: the host finishes them), which the suffix sums within the chunk and the chunk's whole-decay term dgs finish.
 
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
     [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db). q and dq: a row
@@ -691,6 +647,7 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
+    b_last = tl.sum(b_g, axis=0)
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
     b_T = tl.load(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)  # dO S0^T
@@ -698,6 +655,7 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_dc = tl.zeros([BT, BK], dtype=tl.float32)  # dR S0^T
     b_dM = tl.zeros([BT, BT], dtype=tl.float32)  # dR U^T
     b_da = tl.zeros([BT, BK], dtype=tl.float32)  # U dS_end^T
+    b_dgs = tl.zeros([BK], dtype=tl.float32)  # sum_v dS_end * S0
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -714,7 +672,11 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
         b_dA += tl.dot((b_do).to(a.dtype.element_ty), (tl.trans(b_u)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_dc += tl.dot((b_dR).to(a.dtype.element_ty), (tl.trans(b_h)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_dM += tl.dot((b_dR).to(a.dtype.element_ty), (tl.trans(b_u)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_dgs += tl.sum(b_dhe.to(tl.float32) * b_h.to(tl.float32), axis=1)
         b_da += tl.dot((b_u * tl.exp(b_R)[:, None]).to(a.dtype.element_ty), (tl.trans(b_dhe)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)  # as rounded in the update
+    # d(log decay)'s whole-decay term of the chunk through the state entering it, exp(B_last) sum_v dS_end * S0 (the
+    # chunk's writes' part of sum_v dS_end * S_end is b_xs below: free_pairs.jinja), for this key block
+    b_dgs = b_dgs * tl.exp(b_last)
     b_dq = (b_dq * tl.exp(b_E)[:, None])
     b_dc = (b_dc * tl.exp(b_B)[:, None])
     m_r = o_t[:, None] >= o_t[None, :]
@@ -743,6 +705,7 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     # the chunk's end, which the suffix sums then give every token of the chunk (less the writes from it on)
     b_xa = tl.where(m_last[:, None], -b_xs[None, :], b_a.to(tl.float32) * b_da)
     b_xr = b_c.to(tl.float32) * b_dc - b_xa
+    tl.store(dgs + (i_ct * H + i_h) * K + o_k, b_dgs, mask=m_k)
     tl.store(xr + p_x, tl.sum(b_xr, axis=1), mask=m_t)
     b_fd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_dA, 0.), axis=1)  # [BT] d_ii
     b_da += b_fd[:, None] * b_q.to(tl.float32)
