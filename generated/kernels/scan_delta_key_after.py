@@ -712,7 +712,8 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V];
     and d(log decay) from the float32 gradients, before they are rounded: its terms xq = q * dq and xr = c * dc - a * da
-    (per key, finished here: d(log decay) itself into xq, [B, T, H, K] in g's dtype), which the suffix sums within the chunk and the chunk's whole-decay term dgs finish.
+    (per key, finished here: d(log decay) itself into xq, [B, T, H, K] in g's dtype), which the suffix sums within the chunk and the chunk's whole-decay term (made here
+    from the h and dh tiles, b_dgs) finish.
 
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
     [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db). q and dq: a row

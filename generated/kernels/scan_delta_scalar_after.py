@@ -604,7 +604,8 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V];
     and d(log decay) from the float32 gradients, before they are rounded: its terms xq = q * dq and xr = c * dc - a * da
-    (summed over this key block: [NK, B, T, H], x_block_stride apart; and dgs: the host finishes them), which the suffix sums within the chunk and the chunk's whole-decay term dgs finish.
+    (summed over this key block: [NK, B, T, H], x_block_stride apart; and dgs: the host finishes them), which the suffix sums within the chunk and the chunk's whole-decay term (made here
+    from the h and dh tiles, b_dgs) finish.
 
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
     [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db). q and dq: a row
