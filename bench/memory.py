@@ -1,7 +1,7 @@
 """What a mixer's forward+backward keeps and allocates, measured on the CPU (the kernels under TRITON_INTERPRET=1), as
 `lamixer bench` runs it on a GPU (the triton backend, bf16 inputs, fresh gradients), scaled to the bench's shape.
 
-    TRITON_INTERPRET=1 python bench/memory.py lln [--T 512 --H 2 --D 128] [--emulate] [--fused]
+    TRITON_INTERPRET=1 python bench/memory.py lln [--T 512 --H 2 --D 128] [--emulate] [--fused] [--at-peak]
 
 Two numbers, both in bytes per (token x head), which scale linearly to B * T * H of any shape:
 - saved: the unique storages the autograd graph keeps from the forward for the backward (saved_tensors_hooks),
@@ -12,11 +12,15 @@ Two numbers, both in bytes per (token x head), which scale linearly to B * T * H
 float32 copies; block attention then runs in bf16 too, as on a GPU); --fused runs the per-token work under
 torch.compile as on a GPU (runtime/fuse.py; needs a C++ compiler for inductor's CPU code; the saved bytes are then
 those of a call under saved-tensor hooks, which torch.compile partitions apart: read the held bytes instead).
+--at-peak lists what is live at the forward+backward peak: each allocation by where it was made (the forward or the
+backward, the compiled graph, the lamixer op around it), from the profiler's trace, which names each block's address.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import tempfile
 import traceback
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -72,7 +76,48 @@ def allocation_peak(fn) -> tuple[int, int, int]:
     return peak, held, forward
 
 
-def measure(name: str, B: int, T: int, H: int, D: int, fused: bool = False) -> dict:
+# the enclosing events that say where a block was allocated: the autograd node running, a compiled graph, a custom op
+_WHERE = ("evaluate_function", "CompiledFxGraph", "lamixer::", "aten::_scaled_dot_product")
+
+
+def live_at_peak(fn) -> list[tuple[int, str]]:
+    """(bytes, where) of every block fn() holds at its allocation peak (the blocks allocated before it left out),
+    largest first; where: the enclosing events of _WHERE around its allocation, outermost first, and whether the
+    forward or the backward made it (a record_function named "mark" fn enters between them)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    spans = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events if e.get("ph") == "X")
+    mark = next(t0 for t0, _, n in spans if n == "mark")
+    blocks = sorted((e["ts"], e["args"]["Addr"], e["args"]["Bytes"]) for e in events if e.get("name") == "[memory]")
+    live: dict[int, tuple[int, float]] = {}
+    total = peak = 0
+    at_peak: dict[int, tuple[int, float]] = {}
+    for ts, addr, n in blocks:
+        if n > 0:
+            live[addr] = (n, ts)
+        elif addr in live:  # a block made before the profile began is not counted, as allocation_peak does not
+            n = -live.pop(addr)[0]
+        else:
+            continue
+        total += n
+        if total > peak:
+            peak, at_peak = total, dict(live)
+
+    def where(ts: float) -> str:
+        around = [n[:72] for t0, t1, n in spans if t0 <= ts <= t1 and any(w in n for w in _WHERE)]
+        return ("backward" if ts > mark else "forward") + "".join(f" > {n}" for n in around[-3:])
+
+    return sorted(((n, where(ts)) for n, ts in at_peak.values()), key=lambda r: -r[0])
+
+
+def measure(name: str, B: int, T: int, H: int, D: int, fused: bool = False, at_peak: bool = False) -> dict:
     m = lamixer.load(name)
     tensors, _ = random_call(m, B=B, T=T, H=H, size=D, dtype=torch.bfloat16, initial_state=False, distinct=False)
     tensors = {k: v.requires_grad_() for k, v in tensors.items()}
@@ -99,8 +144,9 @@ def measure(name: str, B: int, T: int, H: int, D: int, fused: bool = False) -> d
 
     peak, held, forward = allocation_peak(fb)
     units = B * T * H
+    live = live_at_peak(fb) if at_peak else []
     return dict(saved=sum(v[2] for v in kept.values()) / units, work=peak / units, held=held / units, forward=forward / units,
-                kept=sorted(kept.values(), key=lambda v: -v[2]), units=units)  # fmt: skip
+                kept=sorted(kept.values(), key=lambda v: -v[2]), units=units, live=live)  # fmt: skip
 
 
 def _half_attention(call) -> torch.dtype | None:
@@ -118,6 +164,7 @@ def main() -> None:
     p.add_argument("--emulate", action="store_true", help="bf16 kernels as on a GPU (lamixer.tools.emulate)")
     p.add_argument("--fused", action="store_true", help="the per-token work under torch.compile, as on a GPU")
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--at-peak", action="store_true", help="list what is live at the forward+backward peak, by where it was made")
     args = p.parse_args()
     if args.emulate:
         from lamixer.backends import evaluate
@@ -125,7 +172,7 @@ def main() -> None:
 
         emulate.bf16_like_gpu()
         evaluate.attention_dtype = _half_attention
-    r = measure(args.spec, args.B, args.T, args.H, args.D, args.fused)
+    r = measure(args.spec, args.B, args.T, args.H, args.D, args.fused, args.at_peak)
     scale = BENCH["B"] * BENCH["T"] * BENCH["H"] / r["units"]  # at the bench's D (128) bytes per token x head match it
     print(f"{args.spec}: B={args.B} T={args.T} H={args.H} D={args.D}, bf16, triton backend{' fused' if args.fused else ''}")
     print(f"saved for the backward: {r['saved']:.0f} bytes per token x head ({r['saved'] / args.D:.2f} per element)"
@@ -136,6 +183,10 @@ def main() -> None:
     print(f"held after the forward (the output and what the backward keeps): {r['held']:.0f} bytes per token x head"
           f" -> {r['held'] * r['units'] * scale / 1e6:.0f} MB")  # fmt: skip
     print("kept:", *(f"{n} {list(s)} {str(d).removeprefix('torch.')} {w}" for s, d, n, w in r["kept"][: args.top]), sep="\n  ")
+    if args.at_peak:
+        live = r["live"]
+        print(f"live at the peak ({sum(n for n, _ in live) / r['units']:.0f} bytes per token x head), largest first:")
+        print(*(f"{n / r['units']:7.0f}  {w}" for n, w in live[: args.top]), sep="\n")
 
 
 if __name__ == "__main__":
