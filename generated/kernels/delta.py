@@ -214,10 +214,11 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
                     qn: int = 1, strength: bool = False,
                     decay_step: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step, qn: the forward's (dO is
-    0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is read at each of
-    its sub-tokens' rows (the reverse pass gathers them), and dq's row is the read's sub-token's (dq is 0 at the others, as dO is). strength (a the strengths): every kernel
-    takes them as the forward's do, and the gradient kernel gives d(strengths) in da's place and -s da within dc.
-    decay_step: the forward's (g and dg a row per token)."""
+    0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is read at
+    each of its sub-tokens' rows (the reverse pass gathers them), and dq's row is the read's sub-token's (dq is 0 at
+    the others, as dO is). strength (a the strengths): every kernel takes them as the forward's do, and the gradient
+    kernel gives d(strengths) in da's place and -s da within dc. decay_step: the forward's (g and dg a row per
+    token)."""
     mod = _module(decay, read, erase_before, h0.dtype)
     qn = query_rows(q, c, qn)
     cfg = Config.from_list(cfg)

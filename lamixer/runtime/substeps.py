@@ -12,10 +12,9 @@ without a value term b = 0, without an erase c = 0) or the recurrent kernel.
 
 The cost of the queries: each read's query is given a row per token (ScanOperands.reads_per_token), and the scan is
 told that only the read's own sub-step is used (ScanOperands.sub_steps, read_steps). The delta rule's chunk kernels
-read the token's row for each of its sub-tokens and store dq at the read's (a copy to the sub-tokens only for the
-reverse pass where it reads the queries unweighed), and its output kernel computes the read's rows alone,
-O(T C (K + V)) for chunks of C sub-tokens rather than n times that, as does the backward's A^T dO (dO is 0 at the
-others); the other implementations copy the queries to every sub-token first (ScanOperands.per_row), compute
+read the token's row for each of its sub-tokens and store dq at the read's, and its output kernel computes the read's
+rows alone, O(T C (K + V)) for chunks of C sub-tokens rather than n times that, as does the backward's A^T dO (dO is
+0 at the others); the other implementations copy the queries to every sub-token first (ScanOperands.per_row), compute
 a read at every sub-token, and the n - 1 others are dropped here. The state work, solve and other gradients are n
 times a token's anyway. A decay at one sub-step alone comes a row per token likewise (ScanOperands.decay_step): under a
 per-key decay [T, K] float32 log decays rather than [n T, K], which the delta rule's kernels read at that sub-step's

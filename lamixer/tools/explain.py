@@ -139,7 +139,7 @@ def _kernels(c: Compiled) -> list[str]:
                 lines.append(f"    {g.normaliser}: carried by these kernels as their normaliser (its own [K] state; reads: score rows summed)")
             if g.strengths:
                 strengths = ", ".join(expr(c.graph, n) for n in g.strengths)
-                lines.append(f"    write keys: -strength * erase key, strength {strengths} (the forward's kernels scale by it: no write key tensor before the backward)")
+                lines.append(f"    write keys: -strength * erase key, strength {strengths} (the chunk kernels scale their products by it: no write key tensor)")
     if any(g.decode is None for g in groups):
         return lines + (["recurrent kernel: none (" + "; ".join(missing or ["a scan without reads"]) + ")"] if groups else [])
     lines.append(f"recurrent kernel (inference, sequences of at most {MAX_T} tokens):")
