@@ -45,8 +45,9 @@ CHUNK_BLOCK = 64
 def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Config, precision: str, tm: torch.Tensor | None = None,
              qn: int = 1, strength: bool = False, rows: dict | None = None):  # fmt: skip
     """The solve and prepare kernels: (T, the read's scores where the kernels keep them (else an empty tensor), W, U0,
-    what a per-key decay's sequential passes read (else Nones): the weighed write keys, the chunks' log decays and, in
-    the backward, the weighed queries, then the number of chunks, and the chunk layout with the launch shapes).
+    what the sequential passes read of the decay (else Nones): a per-key decay's weighed write keys, the chunks' log
+    decays, a scalar decay's per-token terms and, in the backward, the weighed queries, then the number of chunks, and
+    the chunk layout with the launch shapes).
 
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's): then neither T
     nor the scores are made again (the scores come back empty), and the queries are weighed where the kernels read them
@@ -79,10 +80,13 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     w = torch.empty(B, T, H, K, dtype=c.dtype, device=c.device)
     u0 = torch.empty(B, T, H, V, dtype=c.dtype, device=c.device)
     # a per-key decay's write keys weighed to the chunk's end (in the inputs' dtype, as W), the chunks' log decays and
-    # for the reverse pass the queries weighed from the chunk's start
-    ad, gl, qd = None, None, None
+    # for the reverse pass the queries weighed from the chunk's start; a scalar decay's per-token terms (R, E) and the
+    # chunks' log decays, which the sequential passes read rather than make (decay/scalar.jinja)
+    ad, gl, gt, qd = None, None, None, None
     if decay == "key":
         ad, gl = torch.empty_like(w), torch.empty(NC, H, K, dtype=acc, device=c.device)
+    elif decay == "scalar":
+        gt, gl = torch.empty(B, T, H, 2, dtype=acc, device=c.device), torch.empty(NC, H, dtype=acc, device=c.device)
     weigh_reads = not forward and mod.READS_WEIGHED
     if weigh_reads:  # a row per row of the scan: each weighed from its own chunk's start
         qd = torch.empty_like(c)
@@ -92,10 +96,10 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     split = decay == "key" and not solve
     parts = cdiv(K, BK) + cdiv(V, BV) if split else 1
     getattr(mod, f"{mod.NAME}_prepare_kernel")[(parts, *grid_chunks)](
-        a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split, CAUSAL=forward,
+        a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split, CAUSAL=forward,
         WEIGH_READS=weigh_reads, QN=qn, USE_QS=qs is not None, **solving, **rows, **shapes,
     )  # fmt: skip
-    return tm, sc, w, u0, (ad, gl, qd), NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
+    return tm, sc, w, u0, (ad, gl, gt, qd), NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
 def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None,
@@ -103,7 +107,7 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht
     """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, what a per-key decay's
     sequential passes read (_prepare's), states at chunk starts, final state, chunk layout)."""
     tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm, qn, strength, rows)
-    ad, gl, _ = reach
+    ad, gl, gt, _ = reach
     B, T, H, K = c.shape
     V = b.shape[-1]
     N = B if cu is None else len(cu) - 1
@@ -114,7 +118,7 @@ def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht
     ht = torch.empty(N, H, K, V, dtype=acc, device=c.device)
     # U0 is overwritten by U in place: each program reads a row block of U0 just before writing it
     getattr(mod, f"{mod.NAME}_state_kernel")[(cdiv(V, BW), N * H)](
-        a, c, ad, g, gl, w, u, h0, h, u, ht, cu, offsets, T, STORE_HT=store_ht, STRENGTH=strength, ACC_PRECISION=precision,
+        a, c, ad, g, gl, gt, w, u, h0, h, u, ht, cu, offsets, T, STORE_HT=store_ht, STRENGTH=strength, ACC_PRECISION=precision,
         **dict(shapes, BK=state_key_block(K), BV=BW, num_stages=state_stages(c.dtype, K)),
     )  # fmt: skip
     return tm, sc, w, u, reach, h, ht, layout
@@ -225,7 +229,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     acc = h0.dtype
     precision = acc_precision(acc)
     rows = decay_rows(sub_steps, decay_step)
-    _, _, w, u, (ad, gl, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False,
+    _, _, w, u, (ad, gl, gt, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False,
                                                                                        precision, tm, qn, strength, rows)  # fmt: skip
     B, T, H, K = c.shape
     V = b.shape[-1]
@@ -248,7 +252,7 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     # made them
     rq, rqs, rqn = (qd, None, 1) if qd is not None else (q, qs, qn)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
-        rq, rqs, a, c, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
+        rq, rqs, a, c, ad, g, gl, gt, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
         QN=rqn, USE_DHT=True, STRENGTH=strength, **dict(common, USE_QS=rqs is not None, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
     )  # fmt: skip
     # a scalar decay's whole-decay terms per chunk and key, exp(B_last) sum_v dS_end * S0, for the host's sums (the

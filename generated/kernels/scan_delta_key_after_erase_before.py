@@ -130,7 +130,7 @@ def scan_delta_key_after_erase_before_float32_solve_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_erase_before_float32_prepare_kernel(
-    a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu_seqlens, chunk_indices, T,
+    a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, QN: tl.constexpr,
     USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr,
@@ -353,7 +353,7 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_erase_before_float32_state_kernel(
-    a, c, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
+    a, c, ad, g, gl, gt, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     STORE_HT: tl.constexpr, STRENGTH: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
@@ -561,7 +561,7 @@ def scan_delta_key_after_erase_before_float32_bwd_dv_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_erase_before_float32_bwd_dh_kernel(
-    q, qs, a, c, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
+    q, qs, a, c, ad, g, gl, gt, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     QN: tl.constexpr, USE_QS: tl.constexpr, USE_DHT: tl.constexpr, STRENGTH: tl.constexpr, IS_VARLEN: tl.constexpr,
     PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,

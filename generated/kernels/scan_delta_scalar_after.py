@@ -11,13 +11,15 @@ READS_WEIGHED = False
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_prepare_kernel(
-    a, c, b, g, q, qs, tm, w, u0, ad, gl, qd, cu_seqlens, chunk_indices, T,
+    a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, QN: tl.constexpr,
     USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr,
     IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
-    """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V].
+    """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V]; each
+    token's reach to the chunk's end R and the read's E into gt [B, T, H, 2], and the chunk's whole log decay into gl
+    [chunks, H], which the state passes read rather than making them on their sequential path.
 
     SOLVE: the program solves for T (into tm), else reads it from tm (as the solve kernel or the forward left it).
     SPLIT: one program per block of a chunk, the first cdiv(K, BK) its key blocks, the rest its value blocks of BV (not
@@ -32,11 +34,13 @@ def scan_delta_scalar_after_float32_prepare_kernel(
         i_t = tl.load(chunk_indices + i_c * 2 + 1)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        i_ct = i_c.to(tl.int64)
     else:
         i_n, i_h = i_x // H, i_x % H
         i_t = i_c
         bos = i_n.to(tl.int64) * T
         eos = bos + T
+        i_ct = i_n.to(tl.int64) * tl.cdiv(T, BT) + i_t
     L = eos - bos
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
@@ -101,6 +105,10 @@ def scan_delta_scalar_after_float32_prepare_kernel(
         b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]
         b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
+    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
+    tl.store(gt + (t * H + i_h) * 2, b_R, mask=m_t)
+    tl.store(gt + (t * H + i_h) * 2 + 1, b_B, mask=m_t)
+    tl.store(gl + i_ct * H + i_h, tl.sum(b_g, axis=0))
     if SPLIT:
         if i_p < tl.cdiv(K, BK):
             o_k = (i_p) * BK + tl.arange(0, BK)
@@ -173,7 +181,7 @@ def scan_delta_scalar_after_float32_prepare_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_state_kernel(
-    a, c, ad, g, gl, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
+    a, c, ad, g, gl, gt, w, u0, h0, h, u, ht, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     STORE_HT: tl.constexpr, STRENGTH: tl.constexpr, IS_VARLEN: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
@@ -219,7 +227,11 @@ def scan_delta_scalar_after_float32_state_kernel(
         b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 3 * BK:
         b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    b_gn = tl.load(g + (bos + o_t) * H + i_h, mask=o_t < L, other=0.)
+    # the first chunk's terms (the last chunk's, reverse), loaded one chunk ahead: the pipeliner leaves a load that
+    # feeds no dot synchronous, a stall on global memory in each of the pass's dependent steps
+    o_f = tl.cast(0, tl.int64) * BT + o_t  # (one type before the loop and in it)
+    b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 2, mask=(L > 0) & (o_f < L), other=0.)  # [BT]
+    b_lastn = tl.load(gl + (c0 + (0)) * H + i_h, mask=L > 0, other=0.)
     # the strengths s one chunk ahead, as a scalar decay's log decays (state_blocks.jinja's decay_ahead): the loop
     # carries the loaded values themselves, used an iteration on, so that no chunk waits on the load
     if STRENGTH:
@@ -249,11 +261,10 @@ def scan_delta_scalar_after_float32_state_kernel(
         # U0 added after the products: a load that initialised their accumulator would not be pipelined
         b_u += tl.load(u0 + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)
         tl.store(u + r * V + s_tv, b_u.to(u.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        b_g = b_gn
-        b_gn = tl.load(g + (bos + (i_t + 1) * BT + o_t) * H + i_h, mask=(i_t + 1) * BT + o_t < L, other=0.)
-        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
-        b_last = tl.sum(b_g, axis=0)
-        b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
+        b_R, b_last = b_Rn, b_lastn
+        o_f = tl.cast(i_t + 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
+        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 2, mask=((i_t + 1) * BT < L) & (o_f < L), other=0.)  # [BT]
+        b_lastn = tl.load(gl + (c0 + (i_t + 1)) * H + i_h, mask=(i_t + 1) * BT < L, other=0.)
         b_ud = b_u * tl.exp(b_R)[:, None]  # the values decayed to the chunk's end (the header: not the keys)
         if STRENGTH:  # a^T U = c^T (-s U)
             b_ud = b_ud * b_s[:, None]
@@ -430,7 +441,7 @@ def scan_delta_scalar_after_float32_bwd_dv_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_dh_kernel(
-    q, qs, a, c, ad, g, gl, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
+    q, qs, a, c, ad, g, gl, gt, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     QN: tl.constexpr, USE_QS: tl.constexpr, USE_DHT: tl.constexpr, STRENGTH: tl.constexpr, IS_VARLEN: tl.constexpr,
     PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
@@ -479,7 +490,12 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
         if K > 3 * BK:
             b_h3 += tl.load(tl.make_block_ptr(p_dht, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), boundary_check=(0, 1)).to(tl.float32)
     NT = tl.cdiv(L, BT).to(tl.int32)  # int32 chunk offsets, as block pointers take them
-    b_gn = tl.load(g + (bos + (NT - 1) * BT + o_t) * H + i_h, mask=(NT - 1) * BT + o_t < L, other=0.)
+    # the first chunk's terms (the last chunk's, reverse), loaded one chunk ahead: the pipeliner leaves a load that
+    # feeds no dot synchronous, a stall on global memory in each of the pass's dependent steps
+    o_f = tl.cast(NT - 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
+    b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 2, mask=(NT > 0) & (o_f < L), other=0.)  # [BT]
+    b_En = tl.load(gt + ((bos + o_f) * H + i_h) * 2 + 1, mask=(NT > 0) & (o_f < L), other=0.)
+    b_lastn = tl.load(gl + (c0 + (NT - 1)) * H + i_h, mask=NT > 0, other=0.)
     if STRENGTH:  # the last chunk's strengths, then each chunk's loaded one chunk ahead (as the state pass's)
         o_s = (NT - 1) * BT + tl.arange(0, BT)
         b_sn = tl.load(a + o_s * H, mask=o_s < L, other=0.)  # [BT]
@@ -497,13 +513,12 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 3 * BK:
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh.dtype.element_ty), boundary_check=(0, 1))
-        b_g = b_gn
-        b_gn = tl.load(g + (bos + (i_t - 1) * BT + o_t) * H + i_h, mask=(i_t - 1) * BT + o_t >= 0, other=0.)
-        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
-        b_B = tl.cumsum(b_g, axis=0)
-        b_E = b_B
-        b_last = tl.sum(b_g, axis=0)
-        b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
+        b_R, b_last = b_Rn, b_lastn
+        b_E = b_En
+        o_f = tl.cast(i_t - 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
+        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 2, mask=(i_t > 0) & (o_f < L), other=0.)  # [BT]
+        b_En = tl.load(gt + ((bos + o_f) * H + i_h) * 2 + 1, mask=(i_t > 0) & (o_f < L), other=0.)
+        b_lastn = tl.load(gl + (c0 + (i_t - 1)) * H + i_h, mask=i_t > 0, other=0.)
         if STRENGTH:
             b_a = tl.load(tl.make_block_ptr(c, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
         else:
