@@ -106,8 +106,9 @@ def scan_delta_scalar_after_float32_prepare_kernel(
         b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
         b_B = tl.cumsum(b_g, axis=0)
     b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
-    tl.store(gt + (t * H + i_h) * 2, b_R, mask=m_t)
-    tl.store(gt + (t * H + i_h) * 2 + 1, b_B, mask=m_t)
+    tl.store(gt + (t * H + i_h) * 3, b_R, mask=m_t)
+    tl.store(gt + (t * H + i_h) * 3 + 1, b_B, mask=m_t)
+    tl.store(gt + (t * H + i_h) * 3 + 2, b_B, mask=m_t)
     tl.store(gl + i_ct * H + i_h, tl.sum(b_g, axis=0))
     if SPLIT:
         if i_p < tl.cdiv(K, BK):
@@ -116,14 +117,11 @@ def scan_delta_scalar_after_float32_prepare_kernel(
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_x = (b_c * tl.exp(b_B)[:, None])  # [BT, BK]
             if CAUSAL:
-                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
-                first = tl.full([BK], BT, dtype=tl.int32)
-                if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
-                    first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
-                    b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+                bad_x = tl.where(tl.abs(b_x) < float("inf"), 0., 1.).to(b_x.dtype)  # [BT, C] (causal.jinja)
+                b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-                if bad:
-                    b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+                reached = tl.where(o_t[:, None] >= o_t[None, :], 1., 0.).to(b_x.dtype)
+                b_w = tl.where(tl.dot(reached, bad_x, input_precision="tf32") > 0, float("nan"), b_w)
             else:
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
@@ -132,14 +130,11 @@ def scan_delta_scalar_after_float32_prepare_kernel(
             m_tv = m_t[:, None] & (o_v < V)[None, :]
             b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
             if CAUSAL:
-                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
-                first_v = tl.full([BV], BT, dtype=tl.int32)
-                if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
-                    first_v = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
-                    b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+                bad_b = tl.where(tl.abs(b_b) < float("inf"), 0., 1.).to(b_b.dtype)  # [BT, C] (causal.jinja)
+                b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
                 b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-                if bad:
-                    b_u0 = tl.where(o_t[:, None] >= first_v[None, :], float("nan"), b_u0)
+                reached = tl.where(o_t[:, None] >= o_t[None, :], 1., 0.).to(b_b.dtype)
+                b_u0 = tl.where(tl.dot(reached, bad_b, input_precision="tf32") > 0, float("nan"), b_u0)
             else:
                 b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
@@ -150,14 +145,11 @@ def scan_delta_scalar_after_float32_prepare_kernel(
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_x = (b_c * tl.exp(b_B)[:, None])  # [BT, BK]
             if CAUSAL:
-                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
-                first = tl.full([BK], BT, dtype=tl.int32)
-                if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
-                    first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
-                    b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+                bad_x = tl.where(tl.abs(b_x) < float("inf"), 0., 1.).to(b_x.dtype)  # [BT, C] (causal.jinja)
+                b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-                if bad:
-                    b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
+                reached = tl.where(o_t[:, None] >= o_t[None, :], 1., 0.).to(b_x.dtype)
+                b_w = tl.where(tl.dot(reached, bad_x, input_precision="tf32") > 0, float("nan"), b_w)
             else:
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
@@ -166,14 +158,11 @@ def scan_delta_scalar_after_float32_prepare_kernel(
             m_tv = m_t[:, None] & (o_v < V)[None, :]
             b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
             if CAUSAL:
-                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
-                first_v = tl.full([BV], BT, dtype=tl.int32)
-                if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
-                    first_v = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
-                    b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+                bad_b = tl.where(tl.abs(b_b) < float("inf"), 0., 1.).to(b_b.dtype)  # [BT, C] (causal.jinja)
+                b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
                 b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-                if bad:
-                    b_u0 = tl.where(o_t[:, None] >= first_v[None, :], float("nan"), b_u0)
+                reached = tl.where(o_t[:, None] >= o_t[None, :], 1., 0.).to(b_b.dtype)
+                b_u0 = tl.where(tl.dot(reached, bad_b, input_precision="tf32") > 0, float("nan"), b_u0)
             else:
                 b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
@@ -230,7 +219,7 @@ def scan_delta_scalar_after_float32_state_kernel(
     # the first chunk's terms (the last chunk's, reverse), loaded one chunk ahead: the pipeliner leaves a load that
     # feeds no dot synchronous, a stall on global memory in each of the pass's dependent steps
     o_f = tl.cast(0, tl.int64) * BT + o_t  # (one type before the loop and in it)
-    b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 2, mask=(L > 0) & (o_f < L), other=0.)  # [BT]
+    b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 3, mask=(L > 0) & (o_f < L), other=0.)  # [BT]
     b_lastn = tl.load(gl + (c0 + (0)) * H + i_h, mask=L > 0, other=0.)
     # the strengths s one chunk ahead, as a scalar decay's log decays (state_blocks.jinja's decay_ahead): the loop
     # carries the loaded values themselves, used an iteration on, so that no chunk waits on the load
@@ -263,7 +252,7 @@ def scan_delta_scalar_after_float32_state_kernel(
         tl.store(u + r * V + s_tv, b_u.to(u.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         b_R, b_last = b_Rn, b_lastn
         o_f = tl.cast(i_t + 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
-        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 2, mask=((i_t + 1) * BT < L) & (o_f < L), other=0.)  # [BT]
+        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 3, mask=((i_t + 1) * BT < L) & (o_f < L), other=0.)  # [BT]
         b_lastn = tl.load(gl + (c0 + (i_t + 1)) * H + i_h, mask=(i_t + 1) * BT < L, other=0.)
         b_ud = b_u * tl.exp(b_R)[:, None]  # the values decayed to the chunk's end (the header: not the keys)
         if STRENGTH:  # a^T U = c^T (-s U)
@@ -493,8 +482,8 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
     # the first chunk's terms (the last chunk's, reverse), loaded one chunk ahead: the pipeliner leaves a load that
     # feeds no dot synchronous, a stall on global memory in each of the pass's dependent steps
     o_f = tl.cast(NT - 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
-    b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 2, mask=(NT > 0) & (o_f < L), other=0.)  # [BT]
-    b_En = tl.load(gt + ((bos + o_f) * H + i_h) * 2 + 1, mask=(NT > 0) & (o_f < L), other=0.)
+    b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 3, mask=(NT > 0) & (o_f < L), other=0.)  # [BT]
+    b_En = tl.load(gt + ((bos + o_f) * H + i_h) * 3 + 2, mask=(NT > 0) & (o_f < L), other=0.)
     b_lastn = tl.load(gl + (c0 + (NT - 1)) * H + i_h, mask=NT > 0, other=0.)
     if STRENGTH:  # the last chunk's strengths, then each chunk's loaded one chunk ahead (as the state pass's)
         o_s = (NT - 1) * BT + tl.arange(0, BT)
@@ -516,8 +505,8 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
         b_R, b_last = b_Rn, b_lastn
         b_E = b_En
         o_f = tl.cast(i_t - 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
-        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 2, mask=(i_t > 0) & (o_f < L), other=0.)  # [BT]
-        b_En = tl.load(gt + ((bos + o_f) * H + i_h) * 2 + 1, mask=(i_t > 0) & (o_f < L), other=0.)
+        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 3, mask=(i_t > 0) & (o_f < L), other=0.)  # [BT]
+        b_En = tl.load(gt + ((bos + o_f) * H + i_h) * 3 + 2, mask=(i_t > 0) & (o_f < L), other=0.)
         b_lastn = tl.load(gl + (c0 + (i_t - 1)) * H + i_h, mask=i_t > 0, other=0.)
         if STRENGTH:
             b_a = tl.load(tl.make_block_ptr(c, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
@@ -612,7 +601,7 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_scalar_after_float32_bwd_grad_kernel(
-    q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, ds, cu_seqlens, chunk_indices, T, x_block_stride,
+    q, qs, a, c, g, gl, gt, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, ds, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr,
     GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
@@ -660,11 +649,10 @@ def scan_delta_scalar_after_float32_bwd_grad_kernel(
     b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
-    b_B = tl.cumsum(b_g, axis=0)
-    b_E = b_B
-    b_last = tl.sum(b_g, axis=0)
-    b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # from each token to the chunk's end, not as B_last - B
+    b_last = tl.load(gl + i_ct * H + i_h)
+    b_R = tl.load(gt + (t * H + i_h) * 3, mask=m_t, other=0.)  # [BT]
+    b_B = tl.where(m_t, tl.load(gt + (t * H + i_h) * 3 + 1, mask=m_t, other=0.), b_last)
+    b_E = tl.where(m_t, tl.load(gt + (t * H + i_h) * 3 + 2, mask=m_t, other=0.), b_last)
     b_T = tl.load(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], mask=m_t[:, None], other=0.)  # [BT, BT]
     b_dq = tl.zeros([BT, BK], dtype=tl.float32)  # dO S0^T
     b_dA = tl.zeros([BT, BT], dtype=tl.float32)  # dO U^T

@@ -80,13 +80,13 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     w = torch.empty(B, T, H, K, dtype=c.dtype, device=c.device)
     u0 = torch.empty(B, T, H, V, dtype=c.dtype, device=c.device)
     # a per-key decay's write keys weighed to the chunk's end (in the inputs' dtype, as W), the chunks' log decays and
-    # for the reverse pass the queries weighed from the chunk's start; a scalar decay's per-token terms (R, E) and the
+    # for the reverse pass the queries weighed from the chunk's start; a scalar decay's per-token terms (R, B, E) and the
     # chunks' log decays, which the sequential passes read rather than make (decay/scalar.jinja)
     ad, gl, gt, qd = None, None, None, None
     if decay == "key":
         ad, gl = torch.empty_like(w), torch.empty(NC, H, K, dtype=acc, device=c.device)
     elif decay == "scalar":
-        gt, gl = torch.empty(B, T, H, 2, dtype=acc, device=c.device), torch.empty(NC, H, dtype=acc, device=c.device)
+        gt, gl = torch.empty(B, T, H, 3, dtype=acc, device=c.device), torch.empty(NC, H, dtype=acc, device=c.device)
     weigh_reads = not forward and mod.READS_WEIGHED
     if weigh_reads:  # a row per row of the scan: each weighed from its own chunk's start
         qd = torch.empty_like(c)
@@ -191,6 +191,13 @@ def output_stages(dtype: torch.dtype, stages: int) -> int:
     return max(3, stages) if dtype.itemsize == 2 else stages
 
 
+def grad_stages(dtype: torch.dtype, stages: int) -> int:
+    """The gradient kernel's pipeline stages: at least two for 2-byte inputs, so that its value loop's loads (the state
+    tiles, U, dU, dO) overlap the previous block's dots (gated_deltanet's alone on the H200: 1589 -> 1489 us at two,
+    bench/results/NOTES.md); float32 tiles keep the configuration's."""
+    return max(2, stages) if dtype.itemsize == 2 else stages
+
+
 def read_rows(sub_steps: int, step: int, BT: int) -> tuple[int, int]:
     """(NSUB, STEP) of the output kernel: its chunks' rows at sub-step `step` of every `sub_steps` alone where that
     many divide a chunk into a power of two of at least 16 tokens (Triton's ranges and dots), else (1, 0): every row."""
@@ -267,9 +274,9 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     else:  # its terms, summed over each key block
         xq, xr = (torch.empty(NK, B, T, H, dtype=acc, device=c.device) if g is not None else None for _ in range(2))
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
-        q, qs, a, c, g, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, dsp, cu_seqlens, indices, T,
+        q, qs, a, c, g, gl, gt, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, dsp, cu_seqlens, indices, T,
         B * T * H, QN=qn, STEP=step if qn > 1 else 0, STRENGTH=strength, SPAN=diagonal_span(c.dtype), **rows,
-        **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps),
+        **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps, num_stages=grad_stages(c.dtype, cfg.num_stages)),
     )  # fmt: skip
     if strength:  # da's place: the strengths' gradient
         da = dsp.sum(0).to(a.dtype)
