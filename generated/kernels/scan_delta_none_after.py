@@ -104,11 +104,14 @@ def scan_delta_none_after_float32_prepare_kernel(
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_x = b_c.to(tl.float32)  # [BT, BK]
             if CAUSAL:
-                bad_x = tl.where(tl.abs(b_x) < float("inf"), 0., 1.).to(b_x.dtype)  # [BT, C] (causal.jinja)
-                b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first = tl.full([BK], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
+                    first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-                reached = tl.where(o_t[:, None] >= o_t[None, :], 1., 0.).to(b_x.dtype)
-                b_w = tl.where(tl.dot(reached, bad_x, input_precision="tf32") > 0, float("nan"), b_w)
+                if bad:
+                    b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
             else:
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
@@ -117,11 +120,14 @@ def scan_delta_none_after_float32_prepare_kernel(
             m_tv = m_t[:, None] & (o_v < V)[None, :]
             b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
             if CAUSAL:
-                bad_b = tl.where(tl.abs(b_b) < float("inf"), 0., 1.).to(b_b.dtype)  # [BT, C] (causal.jinja)
-                b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first_v = tl.full([BV], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+                    first_v = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
                 b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-                reached = tl.where(o_t[:, None] >= o_t[None, :], 1., 0.).to(b_b.dtype)
-                b_u0 = tl.where(tl.dot(reached, bad_b, input_precision="tf32") > 0, float("nan"), b_u0)
+                if bad:
+                    b_u0 = tl.where(o_t[:, None] >= first_v[None, :], float("nan"), b_u0)
             else:
                 b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
@@ -132,11 +138,14 @@ def scan_delta_none_after_float32_prepare_kernel(
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_x = b_c.to(tl.float32)  # [BT, BK]
             if CAUSAL:
-                bad_x = tl.where(tl.abs(b_x) < float("inf"), 0., 1.).to(b_x.dtype)  # [BT, C] (causal.jinja)
-                b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first = tl.full([BK], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_x (causal.jinja)
+                    first = tl.min(tl.where(tl.abs(b_x) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_x = tl.where(tl.abs(b_x) < float("inf"), b_x, 0.)
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-                reached = tl.where(o_t[:, None] >= o_t[None, :], 1., 0.).to(b_x.dtype)
-                b_w = tl.where(tl.dot(reached, bad_x, input_precision="tf32") > 0, float("nan"), b_w)
+                if bad:
+                    b_w = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_w)
             else:
                 b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
@@ -145,11 +154,14 @@ def scan_delta_none_after_float32_prepare_kernel(
             m_tv = m_t[:, None] & (o_v < V)[None, :]
             b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
             if CAUSAL:
-                bad_b = tl.where(tl.abs(b_b) < float("inf"), 0., 1.).to(b_b.dtype)  # [BT, C] (causal.jinja)
-                b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
+                bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+                first_v = tl.full([BV], BT, dtype=tl.int32)
+                if bad:  # a NaN or inf among the chunk's b_b (causal.jinja)
+                    first_v = tl.min(tl.where(tl.abs(b_b) < float("inf"), BT, o_t[:, None]), axis=0)
+                    b_b = tl.where(tl.abs(b_b) < float("inf"), b_b, 0.)
                 b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
-                reached = tl.where(o_t[:, None] >= o_t[None, :], 1., 0.).to(b_b.dtype)
-                b_u0 = tl.where(tl.dot(reached, bad_b, input_precision="tf32") > 0, float("nan"), b_u0)
+                if bad:
+                    b_u0 = tl.where(o_t[:, None] >= first_v[None, :], float("nan"), b_u0)
             else:
                 b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
