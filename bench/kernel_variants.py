@@ -1,0 +1,143 @@
+"""Time the delta rule's chunk kernels, forward and backward, one GPU time per kernel, under variants: launch arguments
+overridden per kernel, or edits of the rendered kernel source. What a kernel's part costs (remove it, results then
+wrong) and what a reordering or another launch gains, measured in one process beside the unchanged kernels.
+
+    python bench/kernel_variants.py --variants FILE.json [--decay scalar] [--T 8192] [--out DIR]
+
+FILE holds a list of [label, {kernel: {argument: value}}, [[old, new] or [old, new, kernel], ...]]: each edit replaces
+the one occurrence of `old` in the rendered scan_delta source (within the named kernel's function where given). Labels
+ending in "(wrong)" mark ablations. B*T = 32768, H = 16, D = 128, bf16 on the GPU: gated DeltaNet's operands (unit
+keys, strengths in (0, 1), log-sigmoid decays), an initial state and a final state's gradient. Under TRITON_INTERPRET=1
+(B = 1, T = 130, H = 1, float32) it checks instead that every edit applies and that the variants not marked wrong
+give the unchanged results. Writes DIR/kernel_variants_T.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import types
+
+import torch
+import torch.nn.functional as F
+
+from lamixer.kernels import delta
+from lamixer.kernels.config import delta_default_config
+from lamixer.render import kernel_cache
+
+GPU = not os.environ.get("TRITON_INTERPRET")
+
+
+class _Overridden:
+    """A kernel whose launches take some arguments from `over`."""
+
+    def __init__(self, kernel, over: dict):
+        self.kernel, self.over = kernel, over
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+        return lambda *args, **kwargs: launch(*args, **{**kwargs, **self.over})
+
+
+def _edited(source: str, edits: list) -> str:
+    for old, new, *within in edits:
+        lo = source.index(f"_{within[0]}(") if within else 0
+        hi = source.find("@triton.jit", lo) if within else -1
+        hi = len(source) if hi < 0 else hi
+        part = source[lo:hi]
+        if part.count(old) != 1:
+            raise SystemExit(f"edit {old[:60]!r}: {part.count(old)} occurrences where one was expected")
+        source = source[:lo] + part.replace(old, new) + source[hi:]
+    return source
+
+
+def use(overrides: dict, edits: list, render=kernel_cache.render, module=delta._module) -> None:
+    """Launch delta's kernels from the edited source, with the overridden arguments."""
+
+    def rendered(family, **config):
+        source = render(family, **config)
+        return _edited(source, edits) if family == delta.FAMILY else source
+
+    kernel_cache.render = rendered
+    kernel_cache.kernels.cache_clear()
+
+    def patched(*args, **kwargs):
+        mod = module(*args, **kwargs)
+        ns = types.SimpleNamespace(**{n: getattr(mod, n) for n in dir(mod) if not n.startswith("__")})
+        for kernel, over in overrides.items():
+            name = f"{mod.NAME}_{kernel}"
+            setattr(ns, name, _Overridden(getattr(mod, name), over))
+        return ns
+
+    delta._module = patched
+
+
+def inputs(decay: str, T: int) -> dict:
+    dev, dt = ("cuda", torch.bfloat16) if GPU else ("cpu", torch.float32)
+    B, H, D = (32768 // T, 16, 128) if GPU else (1, 1, 128)
+    torch.manual_seed(0)
+    x = dict(q=F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(dt), c=(-F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1)).to(dt),
+             s=torch.rand(B, T, H, device=dev).to(dt), v=torch.randn(B, T, H, D, device=dev).to(dt),
+             g=F.logsigmoid(torch.randn(B, T, H, device=dev) + 2) if decay != "none" else None,
+             h0=torch.randn(B, H, D, D, device=dev) * 0.1, do=torch.randn(B, T, H, D, device=dev).to(dt),
+             dht=torch.randn(B, H, D, D, device=dev) * 0.1)  # fmt: skip
+    x["cfg"] = delta_default_config(decay, D, D).as_list()
+    return x
+
+
+def run(x: dict, decay: str) -> list[torch.Tensor]:
+    args = (x["q"], None, x["s"], x["v"], x["c"], x["g"], x["h0"], None)
+    o, ht, tm, sc = delta._delta_forward(*args, decay, "after", x["cfg"], strength=True)
+    grads = delta._delta_backward(*args, tm, sc, x["do"], x["dht"], decay, "after", x["cfg"], strength=True)
+    return [o, ht, *grads]
+
+
+def kernel_times(x: dict, decay: str, reps: int = 20) -> dict[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    run(x, decay)
+    run(x, decay)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run(x, decay)
+        torch.cuda.synchronize()
+    out = {e.key.split("float32_")[-1]: round(e.device_time_total / reps, 1) for e in prof.key_averages()
+           if e.device_time_total > 0 and delta.FAMILY in e.key}  # fmt: skip
+    out["sum"] = round(sum(out.values()), 1)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--variants", help="JSON file of [label, overrides, edits] (default: the kernels as they are)")
+    ap.add_argument("--decay", default="scalar", choices=["none", "scalar"])
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
+    args = ap.parse_args()
+    variants = json.load(open(args.variants)) if args.variants else [["base", {}, []]]
+    x = inputs(args.decay, args.T if GPU else 130)
+    render, module = kernel_cache.render, delta._module
+    if not GPU:
+        use({}, [], render, module)
+        reference = run(x, args.decay)
+        for label, overrides, edits in variants:
+            use(overrides, edits, render, module)
+            got = run(x, args.decay)
+            err = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() for a, b in zip(got, reference) if a.numel())
+            print(f"{label:40s} {err:.2e}")
+            if err > 1e-6 and not label.endswith("(wrong)"):
+                raise SystemExit(f"{label}: results changed by {err:.2e}")
+        return
+    rows = []
+    for label, overrides, edits in variants:
+        use(overrides, edits, render, module)
+        rows.append(dict(variant=label, us=kernel_times(x, args.decay)))
+        print(json.dumps(rows[-1]), flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"kernel_variants_{args.T}.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
