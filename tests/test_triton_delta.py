@@ -281,3 +281,13 @@ def test_the_state_passes_narrow_their_value_block_on_a_device_they_leave_idle(m
     assert launch.state_value_block(64, 40, 200, gpu) == 64
     assert launch.state_value_block(64, 128, 1, torch.device("cpu")) == 64
     assert launch.state_value_block(64, 20, 1, torch.device("cpu")) == 32
+
+
+def test_a_chunks_tail_under_decays_past_the_floats_range():
+    """A chunk's rows past the sequence's end under log decays whose sum over the chunk leaves float64's range: the
+    gradient kernel reads the scalar decay's stored terms there as the chunk's sums give them (B_last, not 0), so that
+    their pairs with the chunk's tokens stay finite (a zero gradient weighed by an overflowing exp is NaN)."""
+    m = lamixer.load("gated_deltanet")
+    tensors, states = random_call(m, B=1, T=37, H=2, size=SIZE, seed=7)
+    tensors["g"] = torch.full_like(tensors["g"], -100.0)
+    _assert_close(compare(m, "triton", tensors, states, seed=7), "log decays of -100")
