@@ -51,18 +51,21 @@ def _edited(source: str, edits: list) -> str:
     return source
 
 
-def use(overrides: dict, edits: list, render=kernel_cache.render, module=delta._module) -> None:
+_RENDER, _MODULE = kernel_cache.render, delta._module  # as the library has them
+
+
+def use(overrides: dict, edits: list) -> None:
     """Launch delta's kernels from the edited source, with the overridden arguments."""
 
     def rendered(family, **config):
-        source = render(family, **config)
+        source = _RENDER(family, **config)
         return _edited(source, edits) if family == delta.FAMILY else source
 
     kernel_cache.render = rendered
     kernel_cache.kernels.cache_clear()
 
     def patched(*args, **kwargs):
-        mod = module(*args, **kwargs)
+        mod = _MODULE(*args, **kwargs)
         ns = types.SimpleNamespace(**{n: getattr(mod, n) for n in dir(mod) if not n.startswith("__")})
         for kernel, over in overrides.items():
             name = f"{mod.NAME}_{kernel}"
@@ -117,12 +120,11 @@ def main():
     args = ap.parse_args()
     variants = json.load(open(args.variants)) if args.variants else [["base", {}, []]]
     x = inputs(args.decay, args.T if GPU else 130)
-    render, module = kernel_cache.render, delta._module
     if not GPU:
-        use({}, [], render, module)
+        use({}, [])
         reference = run(x, args.decay)
         for label, overrides, edits in variants:
-            use(overrides, edits, render, module)
+            use(overrides, edits)
             got = run(x, args.decay)
             err = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() for a, b in zip(got, reference) if a.numel())
             print(f"{label:40s} {err:.2e}")
@@ -131,7 +133,7 @@ def main():
         return
     rows = []
     for label, overrides, edits in variants:
-        use(overrides, edits, render, module)
+        use(overrides, edits)
         rows.append(dict(variant=label, us=kernel_times(x, args.decay)))
         print(json.dumps(rows[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)

@@ -18,8 +18,9 @@ def scan_delta_scalar_after_float32_prepare_kernel(
     IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V]; each
-    token's reach to the chunk's end R and the read's E into gt [B, T, H, 2], and the chunk's whole log decay into gl
-    [chunks, H], which the state passes read rather than making them on their sequential path.
+    token's reach to the chunk's end R, its cumulative log decay B and the read's E into gt [B, T, H, 3], and the
+    chunk's whole log decay into gl [chunks, H], which the state passes and the gradient kernel read rather than
+    making them again.
 
     SOLVE: the program solves for T (into tm), else reads it from tm (as the solve kernel or the forward left it).
     SPLIT: one program per block of a chunk, the first cdiv(K, BK) its key blocks, the rest its value blocks of BV (not

@@ -104,8 +104,8 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
 
 def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None,
              qn: int = 1, strength: bool = False, rows: dict | None = None):  # fmt: skip
-    """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, what a per-key decay's
-    sequential passes read (_prepare's), states at chunk starts, final state, chunk layout)."""
+    """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, what the sequential passes
+    read of the decay (_prepare's), states at chunk starts, final state, chunk layout)."""
     tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm, qn, strength, rows)
     ad, gl, gt, _ = reach
     B, T, H, K = c.shape
