@@ -244,6 +244,11 @@ def scan_delta_scalar_after_float32_state_kernel(
         if STRENGTH:
             b_s = -b_sn.to(tl.float32)  # -s
             b_sn = tl.load(a + r + BT * H + o_t * H, mask=(i_t + 1) * BT + o_t < L, other=0.)
+        b_R, b_last = b_Rn, b_lastn
+        o_f = tl.cast(i_t + 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
+        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 3, mask=((i_t + 1) * BT < L) & (o_f < L), other=0.)  # [BT]
+        b_lastn = tl.load(gl + (c0 + (i_t + 1)) * H + i_h, mask=(i_t + 1) * BT < L, other=0.)
+        b_eR, b_el = tl.exp(b_R), tl.exp(b_last)
         p_h = h + ((c0 + i_t) * H + i_h) * K * V
         tl.store(p_h + s_kv, b_h0.to(h.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_w = tl.load(w + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.)  # [BT, BK]
@@ -263,36 +268,32 @@ def scan_delta_scalar_after_float32_state_kernel(
         # U0 added after the products: a load that initialised their accumulator would not be pipelined
         b_u += tl.load(u0 + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.).to(tl.float32)
         tl.store(u + r * V + s_tv, b_u.to(u.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        b_R, b_last = b_Rn, b_lastn
-        o_f = tl.cast(i_t + 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
-        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 3, mask=((i_t + 1) * BT < L) & (o_f < L), other=0.)  # [BT]
-        b_lastn = tl.load(gl + (c0 + (i_t + 1)) * H + i_h, mask=(i_t + 1) * BT < L, other=0.)
-        b_ud = b_u * tl.exp(b_R)[:, None]  # the values decayed to the chunk's end (the header: not the keys)
+        b_ud = b_u * b_eR[:, None]  # the values decayed to the chunk's end, once for all key blocks (the header: not the keys)
         if STRENGTH:  # a^T U = c^T (-s U)
             b_ud = b_ud * b_s[:, None]
         if STRENGTH:
             b_aT = tl.trans(tl.load(c + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
         else:
             b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
-        b_h0 = b_h0 * tl.exp(b_last) + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+        b_h0 = b_h0 * b_el + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 1 * BK:
             if STRENGTH:
                 b_aT = tl.trans(tl.load(c + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
             else:
                 b_aT = tl.trans(tl.load(a + r * K + 1 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 1 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h1 = b_h1 * tl.exp(b_last) + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_h1 = b_h1 * b_el + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 2 * BK:
             if STRENGTH:
                 b_aT = tl.trans(tl.load(c + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
             else:
                 b_aT = tl.trans(tl.load(a + r * K + 2 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 2 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h2 = b_h2 * tl.exp(b_last) + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_h2 = b_h2 * b_el + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         if K > 3 * BK:
             if STRENGTH:
                 b_aT = tl.trans(tl.load(c + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
             else:
                 b_aT = tl.trans(tl.load(a + r * K + 3 * BK + s_tk, mask=m_t[:, None] & (o_k < K - 3 * BK)[None, :], other=0.))  # [BK, BT]
-            b_h3 = b_h3 * tl.exp(b_last) + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            b_h3 = b_h3 * b_el + tl.dot((b_aT).to(a.dtype.element_ty), (b_ud).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
     if STORE_HT:
         p_ht = ht + i_nh.to(tl.int64) * K * V
         tl.store(p_ht + s_kv, b_h0.to(ht.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
@@ -507,6 +508,12 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             b_s = -b_sn.to(tl.float32)  # -s
             o_s = (i_t - 1) * BT + tl.arange(0, BT)
             b_sn = tl.load(a + o_s * H, mask=(o_s >= 0) & (o_s < L), other=0.)
+        b_R, b_last = b_Rn, b_lastn
+        b_E = b_En
+        o_f = tl.cast(i_t - 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
+        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 3, mask=(i_t > 0) & (o_f < L), other=0.)  # [BT]
+        b_En = tl.load(gt + ((bos + o_f) * H + i_h) * 3 + 2, mask=(i_t > 0) & (o_f < L), other=0.)
+        b_lastn = tl.load(gl + (c0 + (i_t - 1)) * H + i_h, mask=i_t > 0, other=0.)
         p_dh = dh + ((c0 + i_t) * H + i_h) * K * V
         tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 1 * BK:
@@ -515,12 +522,6 @@ def scan_delta_scalar_after_float32_bwd_dh_kernel(
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (2 * BK, i_v * BV), (BK, BV), (1, 0)), b_h2.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 3 * BK:
             tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (3 * BK, i_v * BV), (BK, BV), (1, 0)), b_h3.to(dh.dtype.element_ty), boundary_check=(0, 1))
-        b_R, b_last = b_Rn, b_lastn
-        b_E = b_En
-        o_f = tl.cast(i_t - 1, tl.int64) * BT + o_t  # (one type before the loop and in it)
-        b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 3, mask=(i_t > 0) & (o_f < L), other=0.)  # [BT]
-        b_En = tl.load(gt + ((bos + o_f) * H + i_h) * 3 + 2, mask=(i_t > 0) & (o_f < L), other=0.)
-        b_lastn = tl.load(gl + (c0 + (i_t - 1)) * H + i_h, mask=i_t > 0, other=0.)
         if STRENGTH:
             b_a = tl.load(tl.make_block_ptr(c, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
         else:
