@@ -7,6 +7,9 @@ import triton.language as tl
 SCORES_KEPT = True
 # whether the backward's prepare kernel stores the weighed queries for the reverse pass (the host allocates them)
 READS_WEIGHED = True
+# whether the forward's prepare kernel checks what it stored and runs again where that is not finite (the host
+# allocates the chunks' flags and launches it twice)
+STORES_CHECKED = False
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -130,11 +133,12 @@ def scan_delta_key_after_erase_before_float32_solve_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_erase_before_float32_prepare_kernel(
-    a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, cu_seqlens, chunk_indices, T,
+    a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, flags, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, QN: tl.constexpr,
-    USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
+    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, CHECK_STORES: tl.constexpr, RERUN: tl.constexpr,
+    WEIGH_READS: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr,
+    GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V]; the
     write keys weighed to the chunk's end, a e^R, into ad [B, T, H, K] and the chunk's whole log decay into gl

@@ -7,22 +7,28 @@ import triton.language as tl
 SCORES_KEPT = False
 # whether the backward's prepare kernel stores the weighed queries for the reverse pass (the host allocates them)
 READS_WEIGHED = False
+# whether the forward's prepare kernel checks what it stored and runs again where that is not finite (the host
+# allocates the chunks' flags and launches it twice)
+STORES_CHECKED = True
 
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_prepare_kernel(
-    a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, cu_seqlens, chunk_indices, T,
+    a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, flags, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, WEIGH_READS: tl.constexpr, QN: tl.constexpr,
-    USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr,
-    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
+    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, CHECK_STORES: tl.constexpr, RERUN: tl.constexpr,
+    WEIGH_READS: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr,
+    GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk, from its T = (I - M)^-1: W = T (c e^B) into w [B, T, H, K] and U0 = T b into u0 [B, T, H, V].
 
     SOLVE: the program solves for T (into tm), else reads it from tm (as the solve kernel or the forward left it).
     SPLIT: one program per block of a chunk, the first cdiv(K, BK) its key blocks, the rest its value blocks of BV (not
     with SOLVE); else one program per (chunk, sequence x head) takes every block in turn. CAUSAL: the forward's
-    products, causal for non-finite values (causal.jinja); the backward's rerun need not be. STRENGTH: a holds the
+    products, causal for non-finite values (causal.jinja); the backward's rerun need not be. CHECK_STORES (with
+    CAUSAL, not SPLIT): the products as if every value were finite, and each chunk's flag [chunks, H] set where what
+    it stored is not; RERUN: only the flagged chunks, causal as CAUSAL makes them. STRENGTH: a holds the
     writes' strengths s [B, T, H], the write key being -s c.
     """
     i_p, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -32,68 +38,119 @@ def scan_delta_none_after_float32_prepare_kernel(
         i_t = tl.load(chunk_indices + i_c * 2 + 1)
         bos = tl.load(cu_seqlens + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+        i_ct = i_c.to(tl.int64)
     else:
         i_n, i_h = i_x // H, i_x % H
         i_t = i_c
         bos = i_n.to(tl.int64) * T
         eos = bos + T
+        i_ct = i_n.to(tl.int64) * tl.cdiv(T, BT) + i_t
     L = eos - bos
     o_t = tl.arange(0, BT)
     t = bos + i_t * BT + o_t  # [BT] token rows, int64
     m_t = i_t * BT + o_t < L
+    if RERUN:  # only the chunks whose first run stored a value that is not finite
+        if tl.load(flags + i_ct * H + i_h) == 0:
+            return
     p_tm = tm + (t[:, None] * H + i_h) * BT + o_t[None, :]
     if SOLVE:
-        m_s = o_t[:, None] > o_t[None, :]
-        b_M = tl.zeros([BT, BT], dtype=tl.float32)
-        for i_k in range(0, tl.cdiv(K, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < K
-            if STRENGTH:  # the pairs' write side: the erase keys (the strengths scale the pairs after the key loop)
-                b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-                b_a = b_c
-            else:
-                b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-                b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-            b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
-            b_M += b_Mk
-        if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j (selected: a later token's inf strength is no NaN here)
-            b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
-            b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
-        # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
-        # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
-        # weigh a later NaN by 0 (causal.jinja)
-        bad_m = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_M.dtype), b_M, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
-        i_first = tl.full([], BT, dtype=tl.int32)  # the first row of M not finite
-        if bad_m:
-            i_first = tl.min(tl.min(tl.where(tl.abs(b_M) < float("inf"), BT, o_t[:, None]), axis=0), axis=0)
-            b_M = tl.where(tl.abs(b_M) < float("inf"), b_M, 0.)
-        # T = (I - M)^-1. First D^-1, D = I - M on the 16-token diagonal blocks, all BT / 16 of them at once in
-        # registers: M's own blocks as a [BT / 16, 16, 16] tile L (M reshaped to [BT / 16, 16, BT / 16, 16], the
-        # diagonal of its block axes), then (I - L)^-1 = (I + L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0) in six batched
-        # dots at ACC_PRECISION: about float32's precision, where forward substitution row by row took 15 dependent
-        # steps (bench/results/NOTES.md, the solve's forms). The powers' rounding grows where they cancel: float32's
-        # relative error in D^-1 is 4e-8 for random unit keys, 1.2e-4 for sixteen equal keys at beta 0.99.
-        # With N = M off the blocks, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly block-lower, so X^4 = 0
-        # for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X). Those products run at SOLVE_PRECISION: tf32 where every
-        # use of T rounds it to the inputs' half type (`mm` under `lowp`), whose rounding is four times tf32's; else
-        # ACC_PRECISION.
-        m_d = (o_t // 16)[:, None] == (o_t // 16)[None, :]
-        o_c = tl.arange(0, 16)
-        m_n = (tl.arange(0, BT // 16)[:, None] == tl.arange(0, BT // 16)[None, :])[:, None, :, None]  # a block's own
-        b_L = tl.sum(tl.where(m_n, tl.reshape(b_M, [BT // 16, 16, BT // 16, 16]), 0.), axis=2)  # [BT / 16, 16, 16]
-        b_Tb = b_L + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)[None, :, :]
-        for _ in tl.static_range(3):
-            b_L = tl.dot(b_L, b_L, input_precision=ACC_PRECISION)
-            b_Tb += tl.dot(b_Tb, b_L, input_precision=ACC_PRECISION)
-        b_T = tl.reshape(tl.where(m_n, b_Tb[:, :, None, :], 0.), [BT, BT])  # D^-1 [BT, BT]
-        if BT > 16:
-            b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=SOLVE_PRECISION)
-            b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
-            if BT > 32:
-                b_X = tl.dot(b_X, b_X, input_precision=SOLVE_PRECISION)
+        if CHECK_STORES:
+            m_s = o_t[:, None] > o_t[None, :]
+            b_M = tl.zeros([BT, BT], dtype=tl.float32)
+            for i_k in range(0, tl.cdiv(K, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = o_k < K
+                if STRENGTH:  # the pairs' write side: the erase keys (the strengths scale the pairs after the key loop)
+                    b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                    b_a = b_c
+                else:
+                    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                    b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
+                b_M += b_Mk
+            if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j (selected: a later token's inf strength is no NaN here)
+                b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+                b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
+            # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
+            # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
+            # weigh a later NaN by 0 (causal.jinja)
+            # T = (I - M)^-1. First D^-1, D = I - M on the 16-token diagonal blocks, all BT / 16 of them at once in
+            # registers: M's own blocks as a [BT / 16, 16, 16] tile L (M reshaped to [BT / 16, 16, BT / 16, 16], the
+            # diagonal of its block axes), then (I - L)^-1 = (I + L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0) in six batched
+            # dots at ACC_PRECISION: about float32's precision, where forward substitution row by row took 15 dependent
+            # steps (bench/results/NOTES.md, the solve's forms). The powers' rounding grows where they cancel: float32's
+            # relative error in D^-1 is 4e-8 for random unit keys, 1.2e-4 for sixteen equal keys at beta 0.99.
+            # With N = M off the blocks, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly block-lower, so X^4 = 0
+            # for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X). Those products run at SOLVE_PRECISION: tf32 where every
+            # use of T rounds it to the inputs' half type (`mm` under `lowp`), whose rounding is four times tf32's; else
+            # ACC_PRECISION.
+            m_d = (o_t // 16)[:, None] == (o_t // 16)[None, :]
+            o_c = tl.arange(0, 16)
+            m_n = (tl.arange(0, BT // 16)[:, None] == tl.arange(0, BT // 16)[None, :])[:, None, :, None]  # a block's own
+            b_L = tl.sum(tl.where(m_n, tl.reshape(b_M, [BT // 16, 16, BT // 16, 16]), 0.), axis=2)  # [BT / 16, 16, 16]
+            b_Tb = b_L + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)[None, :, :]
+            for _ in tl.static_range(3):
+                b_L = tl.dot(b_L, b_L, input_precision=ACC_PRECISION)
+                b_Tb += tl.dot(b_Tb, b_L, input_precision=ACC_PRECISION)
+            b_T = tl.reshape(tl.where(m_n, b_Tb[:, :, None, :], 0.), [BT, BT])  # D^-1 [BT, BT]
+            if BT > 16:
+                b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=SOLVE_PRECISION)
                 b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
-        if bad_m:
-            b_T = tl.where(o_t[:, None] >= i_first, float("nan"), b_T)
+                if BT > 32:
+                    b_X = tl.dot(b_X, b_X, input_precision=SOLVE_PRECISION)
+                    b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
+        else:
+            m_s = o_t[:, None] > o_t[None, :]
+            b_M = tl.zeros([BT, BT], dtype=tl.float32)
+            for i_k in range(0, tl.cdiv(K, BK)):
+                o_k = i_k * BK + tl.arange(0, BK)
+                m_k = o_k < K
+                if STRENGTH:  # the pairs' write side: the erase keys (the strengths scale the pairs after the key loop)
+                    b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                    b_a = b_c
+                else:
+                    b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                    b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+                b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
+                b_M += b_Mk
+            if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j (selected: a later token's inf strength is no NaN here)
+                b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+                b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
+            # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
+            # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
+            # weigh a later NaN by 0 (causal.jinja)
+            bad_m = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_M.dtype), b_M, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
+            i_first = tl.full([], BT, dtype=tl.int32)  # the first row of M not finite
+            if bad_m:
+                i_first = tl.min(tl.min(tl.where(tl.abs(b_M) < float("inf"), BT, o_t[:, None]), axis=0), axis=0)
+                b_M = tl.where(tl.abs(b_M) < float("inf"), b_M, 0.)
+            # T = (I - M)^-1. First D^-1, D = I - M on the 16-token diagonal blocks, all BT / 16 of them at once in
+            # registers: M's own blocks as a [BT / 16, 16, 16] tile L (M reshaped to [BT / 16, 16, BT / 16, 16], the
+            # diagonal of its block axes), then (I - L)^-1 = (I + L)(I + L^2)(I + L^4)(I + L^8) (L^16 = 0) in six batched
+            # dots at ACC_PRECISION: about float32's precision, where forward substitution row by row took 15 dependent
+            # steps (bench/results/NOTES.md, the solve's forms). The powers' rounding grows where they cancel: float32's
+            # relative error in D^-1 is 4e-8 for random unit keys, 1.2e-4 for sixteen equal keys at beta 0.99.
+            # With N = M off the blocks, (I - M)^-1 = (I - X)^-1 D^-1 for X = D^-1 N, strictly block-lower, so X^4 = 0
+            # for BT <= 64 and (I - X)^-1 = (I + X^2)(I + X). Those products run at SOLVE_PRECISION: tf32 where every
+            # use of T rounds it to the inputs' half type (`mm` under `lowp`), whose rounding is four times tf32's; else
+            # ACC_PRECISION.
+            m_d = (o_t // 16)[:, None] == (o_t // 16)[None, :]
+            o_c = tl.arange(0, 16)
+            m_n = (tl.arange(0, BT // 16)[:, None] == tl.arange(0, BT // 16)[None, :])[:, None, :, None]  # a block's own
+            b_L = tl.sum(tl.where(m_n, tl.reshape(b_M, [BT // 16, 16, BT // 16, 16]), 0.), axis=2)  # [BT / 16, 16, 16]
+            b_Tb = b_L + tl.where(o_c[:, None] == o_c[None, :], 1., 0.)[None, :, :]
+            for _ in tl.static_range(3):
+                b_L = tl.dot(b_L, b_L, input_precision=ACC_PRECISION)
+                b_Tb += tl.dot(b_Tb, b_L, input_precision=ACC_PRECISION)
+            b_T = tl.reshape(tl.where(m_n, b_Tb[:, :, None, :], 0.), [BT, BT])  # D^-1 [BT, BT]
+            if BT > 16:
+                b_X = tl.dot(b_T, tl.where(m_d, 0., b_M), input_precision=SOLVE_PRECISION)
+                b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
+                if BT > 32:
+                    b_X = tl.dot(b_X, b_X, input_precision=SOLVE_PRECISION)
+                    b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
+            if bad_m:
+                b_T = tl.where(o_t[:, None] >= i_first, float("nan"), b_T)
         tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
     else:
         b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]
@@ -131,6 +188,32 @@ def scan_delta_none_after_float32_prepare_kernel(
             else:
                 b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
+    elif CHECK_STORES:
+        # The chunk as if every value were finite, then one check of what it stored. Any value the causal selects
+        # (causal.jinja) would change leaves a non-finite value in W or U0: a non-finite b_j or x_j reaches row j (T's
+        # diagonal is 1), an M_ij reaches T_ij, and a non-finite T_ij every column of row i of both (0 * inf is
+        # NaN). The chunk's flag says so, and a second launch (RERUN) runs the flagged chunks again with the selects,
+        # storing over these stores. A check before each product put its reductions on the path to the product, and
+        # the second run inside this kernel slowed its first (bench/results/NOTES.md).
+        b_ck = tl.zeros([BT, 16], dtype=tl.float32)  # row sums of the stores
+        for i_k in range(0, tl.cdiv(K, BK)):
+            o_k = (i_k) * BK + tl.arange(0, BK)
+            m_k = o_k < K
+            b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            b_x = b_c.to(tl.float32)  # [BT, BK]
+            b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            if CAUSAL:
+                b_ck += tl.dot(b_w.to(w.dtype.element_ty), tl.full([BK, 16], 1, tl.float32).to(w.dtype.element_ty), input_precision="tf32")
+            tl.store(w + (t[:, None] * H + i_h) * K + o_k[None, :], b_w.to(w.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+        for i_v in range(0, tl.cdiv(V, BV)):
+            o_v = (i_v) * BV + tl.arange(0, BV)
+            m_tv = m_t[:, None] & (o_v < V)[None, :]
+            b_b = tl.load(b + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_tv, other=0.).to(tl.float32)  # [BT, BV]
+            b_u0 = tl.dot((b_T).to(a.dtype.element_ty), (b_b).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+            if CAUSAL:
+                b_ck += tl.dot(b_u0.to(u0.dtype.element_ty), tl.full([BV, 16], 1, tl.float32).to(u0.dtype.element_ty), input_precision="tf32")
+            tl.store(u0 + (t[:, None] * H + i_h) * V + o_v[None, :], b_u0.to(u0.dtype.element_ty), mask=m_tv)
+        tl.store(flags + i_ct * H + i_h, (tl.max(tl.max(tl.where(tl.abs(b_ck) < float("inf"), 0, 1), axis=1), axis=0) > 0).to(tl.int32))
     else:
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = (i_k) * BK + tl.arange(0, BK)

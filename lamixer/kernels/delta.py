@@ -95,10 +95,16 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     # blocks in turn (one per block was 25 us slower in gated_deltanet's and deltanet's backward: bench/results/NOTES.md)
     split = decay == "key" and not solve
     parts = cdiv(K, BK) + cdiv(V, BV) if split else 1
-    getattr(mod, f"{mod.NAME}_prepare_kernel")[(parts, *grid_chunks)](
-        a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split, CAUSAL=forward,
-        WEIGH_READS=weigh_reads, QN=qn, USE_QS=qs is not None, **solving, **rows, **shapes,
-    )  # fmt: skip
+    # the forward's products as if every value were finite, then again with the causal selects for the chunks whose
+    # stores were not (the template's CHECK_STORES and RERUN)
+    check_stores = forward and not split and mod.STORES_CHECKED
+    flags = torch.empty(NC * H, dtype=torch.int32, device=c.device) if check_stores else None
+    for rerun in (False, True) if check_stores else (False,):
+        getattr(mod, f"{mod.NAME}_prepare_kernel")[(parts, *grid_chunks)](
+            a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, flags, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split,
+            CAUSAL=forward, CHECK_STORES=check_stores and not rerun, RERUN=rerun, WEIGH_READS=weigh_reads, QN=qn,
+            USE_QS=qs is not None, **solving, **rows, **shapes,
+        )  # fmt: skip
     return tm, sc, w, u0, (ad, gl, gt, qd), NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
