@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 TOOL = os.path.join(os.path.dirname(__file__), "..", "bench", "kernel_variants.py")
-WEIGH = ["b_ud = b_u * tl.exp(b_R)[:, None]", "b_ud = b_u", "state_kernel"]  # the state pass's values left unweighed
+WEIGH = ["b_ud = b_u * b_eR[:, None]", "b_ud = b_u", "state_kernel"]  # the state pass's values left unweighed
 
 
 def _run(tmp_path, variants):
