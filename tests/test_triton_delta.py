@@ -291,3 +291,43 @@ def test_a_chunks_tail_under_decays_past_the_floats_range():
     tensors, states = random_call(m, B=1, T=37, H=2, size=SIZE, seed=7)
     tensors["g"] = torch.full_like(tensors["g"], -100.0)
     _assert_close(compare(m, "triton", tensors, states, seed=7), "log decays of -100")
+
+
+def _outputs(m, tensors, states):
+    leaves = {k: v.clone().requires_grad_() for k, v in tensors.items()}  # gradients wanted: the chunk kernels run
+    o, _ = m(**leaves, initial_state=states[0], backend="triton")
+    return o.detach()
+
+
+@pytest.mark.parametrize("name", ["deltanet", "gated_deltanet"])
+def test_only_chunks_with_non_finite_stores_run_the_prepare_kernel_again(name, monkeypatch):
+    """The forward's prepare kernel checks what it stored and a second launch runs only the flagged chunks again
+    (CHECK_STORES, RERUN). With that second run made to poison its chunk's first row, finite inputs keep their results
+    (no chunk ran twice) and a NaN value at token 80 turns token 64's output NaN (its chunk ran twice)."""
+    from lamixer.render import kernel_cache
+
+    render = kernel_cache.render
+
+    def poisoned(family, **config):
+        source = render(family, **config)
+        if family != triton_delta.FAMILY:
+            return source
+        start = source.index("_prepare_kernel(")
+        end = source.index("@triton.jit", start)
+        poison = '    if RERUN:\n        tl.store(w + (t * H + i_h) * K, float("nan"), mask=o_t == 0)\n\n\n'
+        return source[:end].rstrip("\n") + "\n" + poison + source[end:]
+
+    m = lamixer.load(name)
+    tensors, states = random_call(m, B=1, T=100, H=1, size=SIZE, seed=4)
+    clean = _outputs(m, tensors, states)
+    monkeypatch.setattr(kernel_cache, "render", poisoned)
+    kernel_cache.kernels.cache_clear()
+    try:
+        assert torch.equal(_outputs(m, tensors, states), clean)
+        tensors["v"] = tensors["v"].clone()
+        tensors["v"][0, 80, 0, 0] = float("nan")
+        o = _outputs(m, tensors, states)
+        assert o[0, 64].isnan().any() and not o[0, :64].isnan().any()
+    finally:
+        monkeypatch.undo()
+        kernel_cache.kernels.cache_clear()
