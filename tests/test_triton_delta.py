@@ -10,6 +10,7 @@ import lamixer
 from lamixer.backends import triton as triton_backend
 from lamixer.kernels import delta as triton_delta
 from lamixer.kernels.config import Config
+from lamixer.render import kernel_cache
 from lamixer.tools.check import compare, random_call
 from lamixer.tuning.search import configured
 
@@ -304,8 +305,6 @@ def test_only_chunks_with_non_finite_stores_run_the_prepare_kernel_again(name, m
     """The forward's prepare kernel checks what it stored and a second launch runs only the flagged chunks again
     (CHECK_STORES, RERUN). With that second run made to poison its chunk's first row, finite inputs keep their results
     (no chunk ran twice) and a NaN value at token 80 turns token 64's output NaN (its chunk ran twice)."""
-    from lamixer.render import kernel_cache
-
     render = kernel_cache.render
 
     def poisoned(family, **config):

@@ -7,9 +7,6 @@ import triton.language as tl
 SCORES_KEPT = True
 # whether the backward's prepare kernel stores the weighed queries for the reverse pass (the host allocates them)
 READS_WEIGHED = True
-# whether the forward's prepare kernel checks what it stored and runs again where that is not finite (the host
-# allocates the chunks' flags and launches it twice)
-STORES_CHECKED = False
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -147,7 +144,9 @@ def scan_delta_key_after_erase_before_float32_prepare_kernel(
     SOLVE: the program solves for T (into tm), else reads it from tm (as the solve kernel or the forward left it).
     SPLIT: one program per block of a chunk, the first cdiv(K, BK) its key blocks, the rest its value blocks of BV (not
     with SOLVE); else one program per (chunk, sequence x head) takes every block in turn. CAUSAL: the forward's
-    products, causal for non-finite values (causal.jinja); the backward's rerun need not be. STRENGTH: a holds the
+    products, causal for non-finite values (causal.jinja); the backward's rerun need not be. CHECK_STORES (with CAUSAL,
+    not SPLIT): the products as if every value were finite, and each chunk's flag [chunks, H] set where what it stored
+    is not; RERUN: only the flagged chunks, causal as CAUSAL makes them. STRENGTH: a holds the
     writes' strengths s [B, T, H], the write key being -s c.
     WEIGH_READS (the backward's rerun): the key blocks also store the queries weighed from the chunk's start, q e^E,
     into qd [B, T, H, K] for the reverse pass.

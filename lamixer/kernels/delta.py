@@ -95,9 +95,9 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     # blocks in turn (one per block was 25 us slower in gated_deltanet's and deltanet's backward: bench/results/NOTES.md)
     split = decay == "key" and not solve
     parts = cdiv(K, BK) + cdiv(V, BV) if split else 1
-    # the forward's products as if every value were finite, then again with the causal selects for the chunks whose
-    # stores were not (the template's CHECK_STORES and RERUN)
-    check_stores = forward and not split and mod.STORES_CHECKED
+    # where one program takes a chunk's blocks, the forward's products as if every value were finite, then again with
+    # the causal selects for the chunks whose stores were not (the template's CHECK_STORES and RERUN)
+    check_stores = forward and not split
     flags = torch.empty(NC * H, dtype=torch.int32, device=c.device) if check_stores else None
     for rerun in (False, True) if check_stores else (False,):
         getattr(mod, f"{mod.NAME}_prepare_kernel")[(parts, *grid_chunks)](
