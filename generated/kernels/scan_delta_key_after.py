@@ -454,16 +454,20 @@ def scan_delta_key_after_float32_state_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_output_kernel(
-    q, qs, a, c, g, h, u, sc, o, cu_seqlens, chunk_indices, T,
+    q, qs, a, c, g, h, u, sc, o, rq, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr,
-    GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, QNORM: tl.constexpr,
+    STRENGTH: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """o = (q e^E) S0 + A U per chunk, A as the solve kernel stored it (sc), at the chunk's read rows: every row, or
     where a token is NSUB sub-tokens (lamixer.runtime.substeps) and is read at its sub-token STEP, those BT / NSUB rows
     alone (the other rows of o are left unwritten: no one reads them). q: a row per QN rows (1, or a token's for its QN
-    sub-tokens). STRENGTH: a holds the writes' strengths s [B, T, H], the write key being -s c. One program per (value
-    block, chunk, sequence x head); key blocks in a loop."""
+    sub-tokens). o is linear in each query row: the query's per-head factor (USE_QS) scales o's rows after the
+    products, and so does its l2norm's 1 / max(||q||, 1e-12) (QNORM), the norms made in the key loop; the first
+    value block's programs store those scales into rq [B, T / QN, H] for the backward. STRENGTH: a holds
+    the writes' strengths s [B, T, H], the write key being -s c. One program per (value block, chunk, sequence x
+    head); key blocks in a loop."""
     i_v, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
         i_h = i_x
@@ -492,12 +496,17 @@ def scan_delta_key_after_float32_output_kernel(
     m_rv = m_r[:, None] & m_v[None, :]
     b_A = tl.load(sc + (t_r[:, None] * H + i_h) * BT + o_t[None, :], mask=m_r[:, None], other=0.)  # [BT / NSUB, BT]
     b_o = tl.zeros([BT // NSUB, BV], dtype=tl.float32)
+    if USE_QS:  # the query's per-head factor, for o's rows after the key loop (loaded here: a load at a program's
+        # tail waits alone)
+        b_qs = tl.load(qs + i_h)
+    if QNORM:
+        b_qq = tl.zeros([BT // NSUB, BT // NSUB], dtype=tl.float32)  # q q^T of the read rows
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_q = tl.load(q + ((t_r // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [rows, BK]
-        if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-            b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
+        if QNORM:
+            b_qq += tl.dot(b_q, tl.trans(b_q), input_precision=PRECISION)
         b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
@@ -505,6 +514,8 @@ def scan_delta_key_after_float32_output_kernel(
             b_E = tl.sum(tl.where((tl.arange(0, NSUB) == STEP)[None, :, None], tl.reshape(b_E, [BT // NSUB, NSUB, BK]), 0.), axis=1)
         b_h = tl.load(h + (i_ct * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
         b_o += tl.dot((b_q * tl.exp(b_E)).to(q.dtype.element_ty), b_h.to(q.dtype.element_ty), input_precision=PRECISION)
+    if USE_QS:  # the query's per-head factor, on the products of q's tiles as loaded (the solve kernel's scores carry it)
+        b_o = b_o * b_qs
     b_u = tl.load(u + (t[:, None] * H + i_h) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
     bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_u.dtype), b_u, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
     first = tl.full([BV], BT, dtype=tl.int32)
@@ -514,20 +525,28 @@ def scan_delta_key_after_float32_output_kernel(
     b_o += tl.dot(b_A.to(o.dtype.element_ty), b_u.to(o.dtype.element_ty), input_precision=PRECISION)
     if bad:
         b_o = tl.where(o_r[:, None] >= first[None, :], float("nan"), b_o)
+    if QNORM:  # o is linear in each query row
+        b_norm = tl.sqrt(tl.sum(tl.where(o_r[:, None] == o_r[None, :], b_qq, 0.), axis=1))  # [BT / NSUB]
+        # x / max(||x||, 1e-12) as lamixer.runtime.ops.normalize (NORM_FLOOR), the floor in the accumulator's type
+        b_rq = 1. / tl.maximum(b_norm, tl.full([], 1e-12, tl.float32))
+        b_o = b_o * b_rq[:, None]
+        if i_v == 0:
+            tl.store(rq + (t_r // QN) * H + i_h, b_rq.to(rq.dtype.element_ty), mask=m_r)
     tl.store(o + (t_r[:, None] * H + i_h) * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_rv)
 
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_bwd_dv_kernel(
-    q, qs, a, c, g, sc, do, du, cu_seqlens, chunk_indices, T,
+    q, qs, a, c, g, sc, rq, do, du, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr,
+    NSUB: tl.constexpr, STEP: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, QNORM: tl.constexpr, STRENGTH: tl.constexpr,
     GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
     ACC_PRECISION: tl.constexpr,
 ):
     """The chunk-local part of dU: A^T dO into du [B, T, H, V], A as the forward's solve kernel stored it (sc), over the read
-    rows the output kernel computed (NSUB, STEP: dO is 0 at the others). STRENGTH: a holds the writes' strengths s
-    [B, T, H], the write key being -s c. One program per (chunk, sequence x head)."""
+    rows the output kernel computed (NSUB, STEP: dO is 0 at the others). QNORM: A's rows scaled by the queries' l2norm
+    scales rq, as the output kernel scaled o's. STRENGTH: a holds the writes' strengths s [B, T, H], the write key
+    being -s c. One program per (chunk, sequence x head)."""
     i_c, i_x = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
         i_h = i_x
@@ -549,7 +568,11 @@ def scan_delta_key_after_float32_bwd_dv_kernel(
     o_r = tl.arange(0, BT // NSUB) * NSUB + STEP
     t_r = bos + i_t * BT + o_r
     m_r = i_t * BT + o_r < L
+    if QNORM:
+        b_rq = tl.load(rq + (t_r // QN) * H + i_h, mask=m_r, other=0.)
     b_A = tl.load(sc + (t_r[:, None] * H + i_h) * BT + o_t[None, :], mask=m_r[:, None], other=0.)  # [BT / NSUB, BT]
+    if QNORM:
+        b_A = b_A * b_rq[:, None]
     for i_v in range(0, tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < V
@@ -560,10 +583,10 @@ def scan_delta_key_after_float32_bwd_dv_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_bwd_dh_kernel(
-    q, qs, a, c, ad, g, gl, gt, w, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
+    q, qs, a, c, ad, g, gl, gt, w, rq, do, du, dht, dh, dh0, cu_seqlens, chunk_offsets, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    QN: tl.constexpr, USE_QS: tl.constexpr, USE_DHT: tl.constexpr, STRENGTH: tl.constexpr, IS_VARLEN: tl.constexpr,
-    PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
+    QN: tl.constexpr, USE_QS: tl.constexpr, QNORM: tl.constexpr, USE_DHT: tl.constexpr, STRENGTH: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """The reverse state pass: dS at every chunk end into dh [chunks, H, K, V], dU = A^T dO + (a e^{B_last - B}) dS_end
     into du (in place), dh0. One program per (value block, sequence x head), dS as up to four key blocks
@@ -571,7 +594,8 @@ def scan_delta_key_after_float32_bwd_dh_kernel(
     holds the most registers; templates/state_blocks.jinja). d(log decay)'s segment-end terms are the gradient kernel's,
     which loads both state tiles anyway: here they took a branch and two more state tiles per chunk (gated_deltanet
     on the H200: this pass 962 us, deltanet's 467). q: a row per QN rows (1, or a token's for its
-    QN sub-tokens), gathered for each row (QN > 1) where the others come through block pointers."""
+    QN sub-tokens), gathered for each row (QN > 1) where the others come through block pointers. QNORM: q's rows
+    scaled by the l2norm scales rq (loaded one chunk ahead) with its per-head factor."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     if IS_VARLEN:
@@ -611,8 +635,18 @@ def scan_delta_key_after_float32_bwd_dh_kernel(
     b_gln1 = tl.load(gl + ((c0 + tl.cdiv(L, BT) - 1) * H + i_h) * K + 1 * BK + o_k, mask=(o_k < K - 1 * BK) & (L > 0), other=0.)  # [BK]
     b_gln2 = tl.load(gl + ((c0 + tl.cdiv(L, BT) - 1) * H + i_h) * K + 2 * BK + o_k, mask=(o_k < K - 2 * BK) & (L > 0), other=0.)  # [BK]
     b_gln3 = tl.load(gl + ((c0 + tl.cdiv(L, BT) - 1) * H + i_h) * K + 3 * BK + o_k, mask=(o_k < K - 3 * BK) & (L > 0), other=0.)  # [BK]
+    if QNORM:  # the last chunk's query scales, then each chunk's loaded one chunk ahead (off the pass's dependent path)
+        b_qs = tl.full([], 1., tl.float32)
+        if USE_QS:
+            b_qs = tl.load(qs + i_h)
+        o_q = (NT - 1) * BT + tl.arange(0, BT)
+        b_rqn = tl.load(rq + ((bos + o_q) // QN) * H + i_h, mask=o_q < L, other=0.)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
+        if QNORM:
+            b_qf = b_rqn * b_qs  # the query rows' factors: the l2norm's, with the per-head factor
+            o_q = (i_t - 1) * BT + tl.arange(0, BT)
+            b_rqn = tl.load(rq + ((bos + o_q) // QN) * H + i_h, mask=(o_q >= 0) & (o_q < L), other=0.)
         p_dh = dh + ((c0 + i_t) * H + i_h) * K * V
         tl.store(tl.make_block_ptr(p_dh, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)), b_h0.to(dh.dtype.element_ty), boundary_check=(0, 1))
         if K > 1 * BK:
@@ -643,7 +677,9 @@ def scan_delta_key_after_float32_bwd_dh_kernel(
             o_q = i_t * BT + tl.arange(0, BT)
             o_qk = tl.arange(0, BK)
             b_q = tl.load(q + (o_q // QN)[:, None] * (H * K) + 0 + o_qk[None, :], mask=(o_q < L)[:, None] & (o_qk < K - 0)[None, :], other=0.)
-        if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+        if QNORM:  # the query rows' factors, in the multiply the per-head factor alone would take
+            b_q = (b_q * b_qf[:, None]).to(q.dtype.element_ty)
+        elif USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
         b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 0), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
         b_last = b_gln0
@@ -658,7 +694,9 @@ def scan_delta_key_after_float32_bwd_dh_kernel(
                 o_q = i_t * BT + tl.arange(0, BT)
                 o_qk = tl.arange(0, BK)
                 b_q = tl.load(q + (o_q // QN)[:, None] * (H * K) + 1 * BK + o_qk[None, :], mask=(o_q < L)[:, None] & (o_qk < K - 1 * BK)[None, :], other=0.)
-            if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+            if QNORM:  # the query rows' factors, in the multiply the per-head factor alone would take
+                b_q = (b_q * b_qf[:, None]).to(q.dtype.element_ty)
+            elif USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 1 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_last = b_gln1
@@ -673,7 +711,9 @@ def scan_delta_key_after_float32_bwd_dh_kernel(
                 o_q = i_t * BT + tl.arange(0, BT)
                 o_qk = tl.arange(0, BK)
                 b_q = tl.load(q + (o_q // QN)[:, None] * (H * K) + 2 * BK + o_qk[None, :], mask=(o_q < L)[:, None] & (o_qk < K - 2 * BK)[None, :], other=0.)
-            if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+            if QNORM:  # the query rows' factors, in the multiply the per-head factor alone would take
+                b_q = (b_q * b_qf[:, None]).to(q.dtype.element_ty)
+            elif USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 2 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_last = b_gln2
@@ -688,7 +728,9 @@ def scan_delta_key_after_float32_bwd_dh_kernel(
                 o_q = i_t * BT + tl.arange(0, BT)
                 o_qk = tl.arange(0, BK)
                 b_q = tl.load(q + (o_q // QN)[:, None] * (H * K) + 3 * BK + o_qk[None, :], mask=(o_q < L)[:, None] & (o_qk < K - 3 * BK)[None, :], other=0.)
-            if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+            if QNORM:  # the query rows' factors, in the multiply the per-head factor alone would take
+                b_q = (b_q * b_qf[:, None]).to(q.dtype.element_ty)
+            elif USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
                 b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
             b_w = tl.load(tl.make_block_ptr(w, (L, K), (H * K, 1), (i_t * BT, 3 * BK), (BT, BK), (1, 0)), boundary_check=(0, 1), padding_option="zero")  # [BT, BK]
             b_last = b_gln3
@@ -708,9 +750,9 @@ def scan_delta_key_after_float32_bwd_dh_kernel(
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_bwd_grad_kernel(
-    q, qs, a, c, g, gl, gt, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, ds, cu_seqlens, chunk_indices, T, x_block_stride,
+    q, qs, a, c, g, gl, gt, tm, h, dh, u, du, do, rq, dq, da, dc, db, xq, xr, dgs, ds, cu_seqlens, chunk_indices, T, x_block_stride,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr,
+    QN: tl.constexpr, STEP: tl.constexpr, USE_QS: tl.constexpr, QNORM: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr,
     GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr,
 ):
     """Per chunk, from S0 (h), dS_end (dh), U, dU, dO: dq, da, dc [B, T, H, K] and db [B, T, H, V];
@@ -721,7 +763,9 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     One program per (key block, chunk, sequence x head); the value blocks in a loop accumulate the [BT, BK] and
     [BT, BT] terms (the latter, and db, are the same for every key block: the first one stores db). q and dq: a row
     per QN rows (1, or a token's for its QN sub-tokens), dq stored from the rows at sub-token STEP (dO, and so dq,
-    is 0 at the others). STRENGTH: a holds the writes' strengths s [B, T, H], the write keys -s c made here in the
+    is 0 at the others). QNORM: the read's terms (dO S0^T, dO U^T) scaled by the queries' l2norm scales rq, row by
+    row; dq is then the gradient of the unnormalised query holding rq fixed, which the host projects. STRENGTH: a
+    holds the writes' strengths s [B, T, H], the write keys -s c made here in the
     inputs' dtype: da is not stored, but its sum against c, -sum_k da c (d s), per key block into ds [NK, B, T, H],
     and -s da joins dc.
     """
@@ -756,6 +800,10 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
         b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
+    if QNORM:  # loaded with the operands, used after the value loop
+        b_rq = tl.load(rq + (t // QN) * H + i_h, mask=m_t, other=0.)[:, None]
+    if USE_QS:  # likewise the query's per-head factor
+        b_qs = tl.load(qs + i_h)
     b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
     b_B = tl.cumsum(b_g, axis=0)
     b_E = b_B
@@ -789,6 +837,8 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     # d(log decay)'s whole-decay term of the chunk through the state entering it, exp(B_last) sum_v dS_end * S0 (the
     # chunk's writes' part of sum_v dS_end * S_end is b_xs below: free_pairs.jinja), for this key block
     b_dgs = b_dgs * tl.exp(b_last)
+    if QNORM:
+        b_dq, b_dA = b_dq * b_rq, b_dA * b_rq
     b_dq = (b_dq * tl.exp(b_E))
     b_dc = (b_dc * tl.exp(b_B))
     b_da = (b_da * tl.exp(b_R))
@@ -854,7 +904,7 @@ def scan_delta_key_after_float32_bwd_grad_kernel(
     b_fd = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_dA, 0.), axis=1)  # [BT] d_ii
     b_dq += b_fd[:, None] * b_a.to(tl.float32)
     if USE_QS:  # the gradient of the caller's query
-        b_dq = b_dq * tl.load(qs + i_h)
+        b_dq = b_dq * b_qs
     tl.store(dq + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], b_dq.to(dq.dtype.element_ty), mask=m_tk & (t % QN == STEP)[:, None])
     # the writes' a da, but at the chunk's last write, whose reach no decay weighs: there the other writes' reach to
     # the chunk's end, which the suffix sums then give every token of the chunk (less the writes from it on)

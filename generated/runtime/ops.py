@@ -67,11 +67,14 @@ def reduce(fn: str, x: torch.Tensor, ndims: int) -> torch.Tensor:
     return flat.amax(-1) if fn == "max" else flat.amin(-1)
 
 
+NORM_FLOOR = 1e-12  # l2norm's x / max(||x||, NORM_FLOOR)
+
+
 def normalize(fn: str, x: torch.Tensor) -> torch.Tensor:
     """Normalize over the last axis (the vector's one dim)."""
     if fn == "softmax":
         return torch.softmax(x, dim=-1)
-    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(1e-12)
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(NORM_FLOOR)
 
 
 def contract(x: torch.Tensor, dx: tuple[str, ...], y: torch.Tensor, dy: tuple[str, ...]) -> torch.Tensor:

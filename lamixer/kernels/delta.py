@@ -13,12 +13,17 @@ from __future__ import annotations
 import torch
 
 from ..runtime import fuse
+from ..runtime.ops import NORM_FLOOR
 from ..runtime.scan import ScanOperands
 from .config import Config
 from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, diagonal_span, launch_args, pow2, run_scan_op, state_key_block, state_stages, state_value_block
 from .loader import kernels
 
 FAMILY = "scan_delta"
+
+# the kernels l2-normalise a query themselves (the output kernel scales o's rows, the backward's dO's): the kernel
+# plan lets a query's l2norm through to them (kernel_plan.ScanGroup.finished_train)
+QUERY_NORM = True
 
 
 KERNELS = ("solve_kernel", "prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_grad_kernel")
@@ -138,7 +143,7 @@ def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
                    erase_before: bool = False, sub_steps: int = 1, step: int = 0, qn: int = 1, strength: bool = False,
-                   decay_step: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   decay_step: int = -1, qnorm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
     the chunks' T = (I - M)^-1 [B, T, H, BT] and the read's scores [B, T, H, BT] where the kernels keep them (else
     empty), both kept for the backward so that it does not make them again). erase_before:
@@ -149,7 +154,9 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     strength: a is the writes' strengths s [B, T, H] and the write key -s_t c_t: the kernels scale their products
     with the erase keys by -s, so that no write key tensor is written, read or kept. decay_step: g holds a
     row per token of sub_steps rows, its log decay at that sub-step and 0 at the others (ScanOperands.decay_step; -1:
-    a row per row), which the kernels read so.
+    a row per row), which the kernels read so. qnorm: the kernels read q l2-normalised over the key dim (as
+    lamixer.runtime.ops.normalize), its scales 1 / max(||q||, 1e-12) [B, T / qn, H] returned last (else empty) for
+    the backward.
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = _module(decay, read, erase_before, h0.dtype)
@@ -162,11 +169,32 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     nsub, step = read_rows(sub_steps, step, shapes["BT"])
+    rq = query_scales(q, h0.dtype, qnorm, nsub > qn)
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
-        q, qs, a, c, g, h, u, sc, o, cu_seqlens, indices, T, NSUB=nsub, STEP=step, QN=qn, USE_QS=qs is not None, STRENGTH=strength,
-        SPAN=diagonal_span(c.dtype), PRECISION="ieee", **rows, **dict(shapes, num_stages=output_stages(c.dtype, shapes["num_stages"])),
+        q, qs, a, c, g, h, u, sc, o, rq, cu_seqlens, indices, T, NSUB=nsub, STEP=step, QN=qn, USE_QS=qs is not None, QNORM=qnorm,
+        STRENGTH=strength, SPAN=diagonal_span(c.dtype), PRECISION="ieee", **rows,
+        **dict(shapes, num_stages=output_stages(c.dtype, shapes["num_stages"])),
     )  # fmt: skip
-    return o, ht, tm, sc
+    return o, ht, tm, sc, rq
+
+
+def query_scales(q: torch.Tensor, acc: torch.dtype, qnorm: bool, some_rows: bool) -> torch.Tensor:
+    """The output kernel's buffer for the queries' l2norm scales [B, T / qn, H] (empty without qnorm): zeros where it
+    computes some rows alone (some_rows: the read's sub-token rows of a query per row), so that the backward's
+    products with the others' dO (0) stay 0."""
+    if not qnorm:
+        return q.new_empty(0, dtype=acc)
+    return (torch.zeros if some_rows else torch.empty)(q.shape[:3], dtype=acc, device=q.device)
+
+
+def _projected(q: torch.Tensor, rq: torch.Tensor, dq: torch.Tensor) -> torch.Tensor:
+    """The gradient of q where the kernels read q / max(||q||, NORM_FLOOR) = rq q and gave dq holding rq fixed:
+    dq - rq^2 q (q . dq) where the norm is above the floor (below it the clamp passes no gradient to the norm)."""
+    r = rq.unsqueeze(-1)
+    x, dx = q.to(rq.dtype), dq.to(rq.dtype)
+    clamped = r >= 1. / torch.tensor(NORM_FLOOR, dtype=rq.dtype)  # the kernel's scale at the floor, rounded as it is
+    along = torch.where(clamped, 0., r * r * (x * dx).sum(-1, keepdim=True))
+    return (dx - x * along).to(dq.dtype)
 
 
 def query_rows(q: torch.Tensor, c: torch.Tensor, qn: int) -> int:
@@ -217,25 +245,27 @@ delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward,
 
 
 @delta_scan.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1, strength=False, decay_step=-1):
+def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1, strength=False, decay_step=-1,
+      qnorm=False):  # fmt: skip
     B, T, H, K = c.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     tm = c.new_empty(B, T, H, Config.from_list(cfg).BT)
     sc = torch.empty_like(tm) if _module(decay, read, erase_before, h0.dtype).SCORES_KEPT else c.new_empty(0)
-    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), tm, sc
+    rq = q.new_empty(q.shape[:3] if qnorm else (0,), dtype=h0.dtype)
+    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), tm, sc, rq
 
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, sc: torch.Tensor, do: torch.Tensor, dht: torch.Tensor,
-                    decay: str, read: str, cfg: list[int], erase_before: bool = False, sub_steps: int = 1, step: int = 0,
-                    qn: int = 1, strength: bool = False,
-                    decay_step: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, sc: torch.Tensor, rq: torch.Tensor, do: torch.Tensor,
+                    dht: torch.Tensor, decay: str, read: str, cfg: list[int], erase_before: bool = False, sub_steps: int = 1, step: int = 0,
+                    qn: int = 1, strength: bool = False, decay_step: int = -1,
+                    qnorm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step, qn: the forward's (dO is
     0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is read at
     each of its sub-tokens' rows (the reverse pass gathers them), and dq's row is the read's sub-token's (dq is 0 at
     the others, as dO is). strength (a the strengths): every kernel takes them as the forward's do, and the gradient
     kernel gives d(strengths) in da's place and -s da within dc. decay_step: the forward's (g and dg a row per
-    token)."""
+    token). qnorm: the forward's, rq its scales: the kernels scale dO's rows by them, and dq is projected here."""
     mod = _module(decay, read, erase_before, h0.dtype)
     qn = query_rows(q, c, qn)
     cfg = Config.from_list(cfg)
@@ -251,22 +281,22 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     BW, BG = state_value_block(cfg.BW, V, N * H, c.device), min(cfg.BG or cfg.BV, pow2(V))
     NV = cdiv(V, BW)
     do, dht = do.contiguous(), dht.contiguous()
-    common = dict(USE_QS=qs is not None, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
+    common = dict(USE_QS=qs is not None, QNORM=qnorm, PRECISION="ieee", ACC_PRECISION=precision, **shapes)
     # dU in the inputs' dtype, as the other intermediates (the template's header)
     du = torch.empty(B, T, H, V, dtype=c.dtype, device=c.device)
     nsub, rows_step = read_rows(sub_steps, step, shapes["BT"])
     getattr(mod, f"{mod.NAME}_bwd_dv_kernel")[grid_chunks](
-        q, qs, a, c, g, sc, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=rows_step, QN=qn, STRENGTH=strength,
+        q, qs, a, c, g, sc, rq, do, du, cu_seqlens, indices, T, NSUB=nsub, STEP=rows_step, QN=qn, STRENGTH=strength,
         SPAN=diagonal_span(c.dtype), **rows, **dict(common, BK=dv_key_block(c.dtype, K, shapes["BK"])),
     )  # fmt: skip
     dh = torch.empty_like(h)
     dh0 = torch.empty_like(h0)
     # the reverse pass reads the queries weighed as the prepare kernel left them (a row per row), qs applied, where it
     # made them
-    rq, rqs, rqn = (qd, None, 1) if qd is not None else (q, qs, qn)
+    wq, wqs, wqn = (qd, None, 1) if qd is not None else (q, qs, qn)
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
-        rq, rqs, a, c, ad, g, gl, gt, w, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
-        QN=rqn, USE_DHT=True, STRENGTH=strength, **dict(common, USE_QS=rqs is not None, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
+        wq, wqs, a, c, ad, g, gl, gt, w, rq, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
+        QN=wqn, USE_DHT=True, STRENGTH=strength, **dict(common, USE_QS=wqs is not None, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
     )  # fmt: skip
     # a scalar decay's whole-decay terms per chunk and key, exp(B_last) sum_v dS_end * S0, for the host's sums (the
     # gradient kernel makes them from the state tiles it loads; a per-key decay's it adds itself)
@@ -280,12 +310,14 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     else:  # its terms, summed over each key block
         xq, xr = (torch.empty(NK, B, T, H, dtype=acc, device=c.device) if g is not None else None for _ in range(2))
     getattr(mod, f"{mod.NAME}_bwd_grad_kernel")[(NK, *grid_chunks)](
-        q, qs, a, c, g, gl, gt, tm, h, dh, u, du, do, dq, da, dc, db, xq, xr, dgs, dsp, cu_seqlens, indices, T,
+        q, qs, a, c, g, gl, gt, tm, h, dh, u, du, do, rq, dq, da, dc, db, xq, xr, dgs, dsp, cu_seqlens, indices, T,
         B * T * H, QN=qn, STEP=step if qn > 1 else 0, STRENGTH=strength, SPAN=diagonal_span(c.dtype), **rows,
         **dict(common, BV=BG, num_warps=cfg.warps_grad or cfg.num_warps, num_stages=grad_stages(c.dtype, cfg.num_stages)),
     )  # fmt: skip
     if strength:  # da's place: the strengths' gradient
         da = dsp.sum(0).to(a.dtype)
+    if qnorm:
+        dq = fuse.function(_projected, q.device, q, rq, dq)
     if g is None:
         return dq, da, db, dc, q.new_empty(0), dh0
     if decay == "key":
@@ -344,26 +376,26 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 
 
 @delta_scan_backward.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1,
-      strength=False, decay_step=-1):  # fmt: skip
+def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, rq, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1,
+      strength=False, decay_step=-1, qnorm=False):  # fmt: skip
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step = inputs
-    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, output[2], output[3])
-    ctx.config = (decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step)
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step, qnorm = inputs
+    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, *output[2:5])
+    ctx.config = (decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step, qnorm)
 
 
 def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
-    q, qs, a, b, c, g, h0, cu_seqlens, tm, sc = ctx.saved_tensors
-    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, do, dht, *ctx.config)
-    return dq, None, da, db, dc, dg if g is not None else None, dh0, None, None, None, None, None, None, None, None, None, None
+    q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, rq = ctx.saved_tensors
+    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, rq, do, dht, *ctx.config)
+    return dq, None, da, db, dc, dg if g is not None else None, dh0, *[None] * 11
 
 
-def _backward(ctx, do, dht, _dtm, _dsc):
+def _backward(ctx, do, dht, _dtm, _dsc, _drq):
     return _grads(ctx, do, dht, delta_scan_backward)
 
 
@@ -376,8 +408,8 @@ class _EagerDeltaScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *inputs):
-        o, ht, tm, sc = _delta_forward(*inputs)
-        _setup_context(ctx, inputs, (o, ht, tm, sc))
+        o, ht, tm, sc, rq = _delta_forward(*inputs)
+        _setup_context(ctx, inputs, (o, ht, tm, sc, rq))
         return o, ht
 
     @staticmethod
@@ -406,6 +438,15 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[to
     sub_steps, step = (ops.sub_steps, ops.read_steps[0]) if ops.sub_steps > 1 else (1, 0)  # the read's rows (its hint)
     qn = ops.sub_steps if ops.reads_per_token else 1
     decay_step = -1 if ops.decay_step is None else ops.decay_step
-    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step, qn, strength, decay_step)
+    args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step, qn, strength, decay_step,
+            _query_norm(ops))  # fmt: skip
     o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht
+
+
+def _query_norm(ops: ScanOperands) -> bool:
+    """Whether the kernels l2-normalise the query (its KeyForm): the one form the kernel plan gives these kernels."""
+    others = {name: f for name, f in ops.forms.items() if name != "q0" or f.token is not None or f.factor is not None}
+    if others:
+        raise ValueError(f"delta_scan: the chunk kernels finish a query's l2norm alone, not {sorted(others)}")
+    return "q0" in ops.forms and ops.forms["q0"].norm

@@ -24,6 +24,8 @@ from .order import Order, make_order
 CHUNK_SCALAR_DECAY = 64
 CHUNK_VECTOR_DECAY = 8
 
+_TEMPLATES = {additive.FAMILY: additive, delta.FAMILY: delta}  # a chunk template's host module
+
 
 @dataclass(frozen=True)
 class Decay:
@@ -101,8 +103,9 @@ class ScanGroup:
     decode: Kernels | None  # the recurrent kernel (None: a scan without reads)
     missing: tuple[str, ...]  # why no chunk template covers the group
     # operands finished inside the kernels, by scan-operand node: the chunk kernels take plain inputs and a query's
-    # per-head factor (they split each key row over programs); the recurrent kernel, which holds whole key rows, also
-    # l2norms, per-token factors and signs of key-side operands
+    # per-head factor (they split each key row over programs), the delta rule's also a query's l2norm (delta.QUERY_NORM:
+    # its reads are linear in each query row, scaled after the products); the recurrent kernel, which holds whole key
+    # rows, also l2norms, per-token factors and signs of key-side operands
     finished_train: tuple[tuple[int, Form], ...] = ()
     finished_decode: tuple[tuple[int, Form], ...] = ()
     # the token's writes in order (one for the additive and delta rules), and the sub-step each read sits at
@@ -187,7 +190,7 @@ def _group(g: ir.Graph, cls: Classification, nodes: dict[int, dict], states: tup
     train = None if missing else _train(s, decay, reads[0], normaliser is not None, erase)
     decoding = reads and not _update_missing(s)
     decode = Kernels(recurrent.FAMILY, (("rule", s.rule), ("decay", decay.kind), ("reads", "_".join(reads)), *erase), ("kernel",)) if decoding else None
-    forms = _Forms(nodes)
+    forms = _Forms(nodes, query_norm=train is not None and _TEMPLATES[train.template].QUERY_NORM)
     return ScanGroup(states, normaliser, s.rule, decay, reads, s.key_dim, tuple(cls.scan(st).value_dim for st in states),
                      CHUNK_VECTOR_DECAY if decay.kind in ("key", "value") else CHUNK_SCALAR_DECAY, train, decode, tuple(missing),
                      tuple(forms.of(s, finished=False).items()), tuple(forms.of(s, finished=True).items()),
@@ -271,8 +274,9 @@ def _train(s: Scan, decay: Decay, read: str, ones: bool, erase: tuple[tuple[str,
 class _Forms:
     """The scan operands kernels can read straight from the caller's tensors (Form), found on the IR."""
 
-    def __init__(self, nodes: dict[int, dict]):
+    def __init__(self, nodes: dict[int, dict], query_norm: bool = False):
         self.nodes = nodes
+        self.query_norm = query_norm  # the chunk kernels l2-normalise a query themselves
 
     def per_head_constant(self, n: int) -> tuple[str, ...] | None:
         """The params a per-head constant reads (empty: none), or None when n is not one."""
@@ -319,8 +323,11 @@ class _Forms:
             return None
         if finished:
             return found
-        plain = not (found.norm or found.token is not None or found.negate)  # the chunk kernels take a query's factor only
-        return found if plain and (found.factor is None or query) else None
+        if found.negate or found.token is not None:
+            return None
+        if query:  # the chunk kernels take a query's per-head factor, and its l2norm where they finish it
+            return found if self.query_norm or not found.norm else None
+        return found if not found.norm and found.factor is None else None
 
     def of(self, s: Scan, finished: bool) -> dict[int, Form]:
         """The operands of scan s the kernels read from the caller's tensors; finished: the recurrent kernel's forms."""
