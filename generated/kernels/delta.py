@@ -14,15 +14,16 @@ import torch
 
 from ..runtime import fuse
 from ..runtime.ops import NORM_FLOOR
-from ..runtime.scan import ScanOperands
+from ..runtime.scan import ScanOperands, sub_token_rows
 from .config import Config
 from .launch import ACC_NAMES, NAMESPACE, acc_precision, cdiv, chunks, diagonal_span, launch_args, pow2, run_scan_op, state_key_block, state_stages, state_value_block
 from .loader import kernels
 
 FAMILY = "scan_delta"
 
-# the kernels l2-normalise a query themselves (the output kernel scales o's rows, the backward's dO's): the kernel
-# plan lets a query's l2norm through to them (kernel_plan.ScanGroup.finished_train)
+# the kernels l2-normalise a query themselves (a read is linear in each query row: the output kernel scales o's rows
+# after its dots, the backward the read's terms): the kernel plan lets a query's l2norm through to them
+# (kernel_plan.ScanGroup.finished_train)
 QUERY_NORM = True
 
 
@@ -265,7 +266,8 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     each of its sub-tokens' rows (the reverse pass gathers them), and dq's row is the read's sub-token's (dq is 0 at
     the others, as dO is). strength (a the strengths): every kernel takes them as the forward's do, and the gradient
     kernel gives d(strengths) in da's place and -s da within dc. decay_step: the forward's (g and dg a row per
-    token). qnorm: the forward's, rq its scales: the kernels scale dO's rows by them, and dq is projected here."""
+    token). qnorm: the forward's, rq its scales: the kernels scale the read's terms by them row by row, and dq is
+    projected here (_projected)."""
     mod = _module(decay, read, erase_before, h0.dtype)
     qn = query_rows(q, c, qn)
     cfg = Config.from_list(cfg)
@@ -294,8 +296,9 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
     # the reverse pass reads the queries weighed as the prepare kernel left them (a row per row), qs applied, where it
     # made them
     wq, wqs, wqn = (qd, None, 1) if qd is not None else (q, qs, qn)
+    wrq = sub_token_rows(rq, qn) if qnorm and wqn != qn else rq  # the scales of its query rows
     getattr(mod, f"{mod.NAME}_bwd_dh_kernel")[(NV, N * H)](
-        wq, wqs, a, c, ad, g, gl, gt, w, rq, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
+        wq, wqs, a, c, ad, g, gl, gt, w, wrq, do, du, dht, dh, dh0, cu_seqlens, offsets, T,
         QN=wqn, USE_DHT=True, STRENGTH=strength, **dict(common, USE_QS=wqs is not None, BV=BW, BK=state_key_block(K), num_stages=state_stages(w.dtype, K)),
     )  # fmt: skip
     # a scalar decay's whole-decay terms per chunk and key, exp(B_last) sum_v dS_end * S0, for the host's sums (the
