@@ -170,7 +170,7 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
     nsub, step = read_rows(sub_steps, step, shapes["BT"])
-    rq = query_scales(q, h0.dtype, qnorm, nsub > qn)
+    rq = _scales_buffer(q, h0.dtype, qnorm, nsub > qn)
     getattr(mod, f"{mod.NAME}_output_kernel")[(cdiv(V, shapes["BV"]), *grid_chunks)](
         q, qs, a, c, g, h, u, sc, o, rq, cu_seqlens, indices, T, NSUB=nsub, STEP=step, QN=qn, USE_QS=qs is not None, QNORM=qnorm,
         STRENGTH=strength, SPAN=diagonal_span(c.dtype), PRECISION="ieee", **rows,
@@ -179,7 +179,7 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     return o, ht, tm, sc, rq
 
 
-def query_scales(q: torch.Tensor, acc: torch.dtype, qnorm: bool, some_rows: bool) -> torch.Tensor:
+def _scales_buffer(q: torch.Tensor, acc: torch.dtype, qnorm: bool, some_rows: bool) -> torch.Tensor:
     """The output kernel's buffer for the queries' l2norm scales [B, T / qn, H] (empty without qnorm): zeros where it
     computes some rows alone (some_rows: the read's sub-token rows of a query per row), so that the backward's
     products with the others' dO (0) stay 0."""
