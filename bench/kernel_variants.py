@@ -2,12 +2,13 @@
 overridden per kernel, or edits of the rendered kernel source. What a kernel's part costs (remove it, results then
 wrong) and what a reordering or another launch gains, measured in one process beside the unchanged kernels.
 
-    python bench/kernel_variants.py --variants FILE.json [--decay scalar] [--T 8192] [--out DIR]
+    python bench/kernel_variants.py --variants FILE.json [--decay none|scalar|key] [--T 8192] [--out DIR]
 
 FILE holds a list of [label, {kernel: {argument: value}}, [[old, new] or [old, new, kernel], ...]]: each edit replaces
 the one occurrence of `old` in the rendered scan_delta source (within the named kernel's function where given). Labels
 ending in "(wrong)" mark ablations. B*T = 32768, H = 16, D = 128, bf16 on the GPU: gated DeltaNet's operands (unit
-keys, queries the kernels l2-normalise and scale, strengths in (0, 1), log-sigmoid decays), an initial state and a final state's gradient. Under TRITON_INTERPRET=1
+keys, queries the kernels l2-normalise and scale, strengths in (0, 1), log-sigmoid decays: per token and head, or
+per key too, KDA's, under --decay key), an initial state and a final state's gradient. Under TRITON_INTERPRET=1
 (B = 1, T = 130, H = 1, float32) it checks instead that every edit applies and that the variants not marked wrong
 give the unchanged results. Writes DIR/kernel_variants_T.json.
 """
@@ -81,7 +82,7 @@ def inputs(decay: str, T: int) -> dict:
     torch.manual_seed(0)
     x = dict(q=torch.randn(B, T, H, D, device=dev).to(dt), c=(-F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1)).to(dt),
              s=torch.rand(B, T, H, device=dev).to(dt), v=torch.randn(B, T, H, D, device=dev).to(dt),
-             g=F.logsigmoid(torch.randn(B, T, H, device=dev) + 2) if decay != "none" else None,
+             g=F.logsigmoid(torch.randn(B, T, H, *((D,) if decay == "key" else ()), device=dev) + 2) if decay != "none" else None,
              h0=torch.randn(B, H, D, D, device=dev) * 0.1, do=torch.randn(B, T, H, D, device=dev).to(dt),
              dht=torch.randn(B, H, D, D, device=dev) * 0.1)  # fmt: skip
     x["qs"] = torch.full((H,), D**-0.5, device=dev)  # the read-out scale, a per-head factor the kernels apply
@@ -115,7 +116,7 @@ def kernel_times(x: dict, decay: str, reps: int = 20) -> dict[str, float]:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", help="JSON file of [label, overrides, edits] (default: the kernels as they are)")
-    ap.add_argument("--decay", default="scalar", choices=["none", "scalar"])
+    ap.add_argument("--decay", default="scalar", choices=["none", "scalar", "key"])
     ap.add_argument("--T", type=int, default=8192)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     args = ap.parse_args()

@@ -505,13 +505,12 @@ def scan_delta_key_after_erase_before_float32_output_kernel(
         b_qs = tl.load(qs + i_h)
     if QNORM:
         b_qq = tl.zeros([BT // NSUB], dtype=tl.float32)  # the read rows' squared norms
-        m_eye = o_r[:, None] == o_r[None, :]
     for i_k in range(0, tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < K
         b_q = tl.load(q + ((t_r // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_r[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if QNORM:
-            b_qq += tl.sum(tl.where(m_eye, tl.dot(b_q, tl.trans(b_q), input_precision=PRECISION), 0.), axis=1)
+            b_qq += tl.sum(b_q.to(tl.float32) * b_q.to(tl.float32), axis=1)
         b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
         b_B = tl.cumsum(b_g, axis=0)
         b_E = b_B
