@@ -1,13 +1,16 @@
 """Compile, without running, the Triton kernels specs launch, for an H200 (sm_90), on any machine: no GPU needed.
 
     python bench/sm90.py [--specs deltanet,gla] [--dtypes bfloat16,float32] [--T 150] [--D 128] [--config 64,64,32,8,2,0,128]
+                         [--variants FILE.json]
 
 Triton's own compiler and ptxas (shipped with triton) build each kernel: the active driver is replaced by one
 naming an sm_90 device that is never used, and every launch becomes a compile-only warmup, so the specs' calls run
 their host code with kernels that do nothing (results are not looked at). Each spec runs forward and backward on
 the chunk kernels (lengths past one chunk) and forward without gradients on 5 tokens (the recurrent kernel), at
 the default configurations (or --config's, as the autotuner sets a candidate). Prints, per kernel, shared memory, warps, stages, the registers per thread and
-bytes spilled that ptxas reports, and the loads left synchronous in loops (sync: see loop_loads). tests/test_gpu_compile.py runs the same compilation over every spec.
+bytes spilled that ptxas reports, and the loads left synchronous in loops (sync: see loop_loads). --variants: the
+delta rule's kernels once per variant of a bench/kernel_variants.py file (its launch overrides and source edits), each
+variant's rows under its label. tests/test_gpu_compile.py runs the same compilation over every spec.
 """
 from __future__ import annotations
 
@@ -155,6 +158,7 @@ def main():
     ap.add_argument("--T", type=int, default=150)
     ap.add_argument("--D", type=int, default=128)
     ap.add_argument("--config", default="", help="BT,BV,BK,warps,stages[,BW,BG,warps_grad] for every scan (default: each one's own)")
+    ap.add_argument("--variants", help="a bench/kernel_variants.py file: the delta kernels under each of its variants")
     args = ap.parse_args()
     if args.config:
         from lamixer.backends import triton as triton_backend
@@ -163,9 +167,23 @@ def main():
         given = Config.from_list(args.config.split(","))
         triton_backend.chunk_config = lambda *a, **k: given  # every scan group launches with it
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    if not args.variants:
+        _print(compile_specs(args.specs.split(","), dtypes, args.T, args.D, with_resources=True))
+        return
+    import json
+
+    import kernel_variants  # beside this file
+
+    for label, overrides, edits in json.load(open(args.variants)):
+        kernel_variants.use(overrides, edits)
+        print(f"\n{label}")
+        _print(compile_specs(args.specs.split(","), dtypes, args.T, args.D, with_resources=True))
+
+
+def _print(rows: list[dict]) -> None:
     seen = set()
     print(f"{'kernel':<56} {'dtype':<9} {'warps':>5} {'stages':>6} {'shared':>7} {'regs':>4} {'spill':>5} {'sync':>4}")
-    for row in compile_specs(args.specs.split(","), dtypes, args.T, args.D, with_resources=True):
+    for row in rows:
         if "error" in row:
             print(f"{row['spec']} ({row['dtype']}): {row['error']}")
             continue
