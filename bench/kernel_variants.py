@@ -6,8 +6,8 @@ wrong) and what a reordering or another launch gains, measured in one process be
 
 FILE holds a list of [label, {kernel: {argument: value}}, [[old, new] or [old, new, kernel], ...]]: each edit replaces
 the one occurrence of `old` in the rendered scan_delta source (within the named kernel's function where given). Labels
-ending in "(wrong)" mark ablations. B*T = 32768, H = 16, D = 128, bf16 on the GPU: gated DeltaNet's operands (unit
-keys, queries the kernels l2-normalise and scale, strengths in (0, 1), log-sigmoid decays: per token and head, or
+ending in "(wrong)" mark ablations. B*T = 32768, H = 16, D = 128, bf16 on the GPU: gated DeltaNet's operands (keys and
+queries the kernels l2-normalise, the keys' sign and the queries' scale theirs, strengths in (0, 1), log-sigmoid decays: per token and head, or
 per key too, KDA's, under --decay key), an initial state and a final state's gradient. Under TRITON_INTERPRET=1
 (B = 1, T = 130, H = 1, float32) it checks instead that every edit applies and that the variants not marked wrong
 give the unchanged results. Writes DIR/kernel_variants_T.json.
@@ -80,20 +80,22 @@ def inputs(decay: str, T: int) -> dict:
     dev, dt = ("cuda", torch.bfloat16) if GPU else ("cpu", torch.float32)
     B, H, D = (32768 // T, 16, 128) if GPU else (1, 1, 128)
     torch.manual_seed(0)
-    x = dict(q=torch.randn(B, T, H, D, device=dev).to(dt), c=(-F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1)).to(dt),
+    x = dict(q=torch.randn(B, T, H, D, device=dev).to(dt), c=torch.randn(B, T, H, D, device=dev).to(dt),
              s=torch.rand(B, T, H, device=dev).to(dt), v=torch.randn(B, T, H, D, device=dev).to(dt),
              g=F.logsigmoid(torch.randn(B, T, H, *((D,) if decay == "key" else ()), device=dev) + 2) if decay != "none" else None,
              h0=torch.randn(B, H, D, D, device=dev) * 0.1, do=torch.randn(B, T, H, D, device=dev).to(dt),
              dht=torch.randn(B, H, D, D, device=dev) * 0.1)  # fmt: skip
     x["qs"] = torch.full((H,), D**-0.5, device=dev)  # the read-out scale, a per-head factor the kernels apply
+    x["cs"] = torch.full((H,), -1., device=dev)  # the erase keys' sign: -l2norm(k), which the kernels finish
     x["cfg"] = delta_default_config(decay, D, D).as_list()
     return x
 
 
 def run(x: dict, decay: str) -> list[torch.Tensor]:
     args = (x["q"], x["qs"], x["s"], x["v"], x["c"], x["g"], x["h0"], None)
-    o, ht, tm, sc, rq = delta._delta_forward(*args, decay, "after", x["cfg"], strength=True, qnorm=True)
-    grads = delta._delta_backward(*args, tm, sc, rq, x["do"], x["dht"], decay, "after", x["cfg"], strength=True, qnorm=True)
+    o, ht, tm, sc, rq, cn, rc = delta._delta_forward(*args, decay, "after", x["cfg"], strength=True, qnorm=True, knorm=True, cs=x["cs"])
+    grads = delta._delta_backward(*args, tm, sc, rq, cn, rc, x["do"], x["dht"], decay, "after", x["cfg"], strength=True, qnorm=True,
+                                  knorm=True, cs=x["cs"])  # fmt: skip
     return [o, ht, *grads]
 
 

@@ -252,8 +252,13 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
     counters.clear()
     monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
     monkeypatch.setattr(fuse, "BACKEND", "aot_eager")
-    for name, T in [("deltanet", 40), ("deltanet", 50), ("lln", 40), ("rwkv7", 40)]:  # rwkv7: sub-steps, an erase before the decay
-        m = lamixer.loads(lamixer.api.shipped_source(name) + "\n# fused\n", name)  # compiled afresh: no fused function yet
+    # a DeltaNet whose strengths are made per token, around its kernels' finished norms; rwkv7: sub-steps, an erase
+    # before the decay
+    mixer = lamixer.api.shipped_source("deltanet").split("\nlayer")[0]
+    made_beta = mixer.replace("beta[] in (0, 1)", "b[]").replace("beta * kn", "sigmoid(b) * kn")
+    for name, T in [("deltanet", 40), ("deltanet", 50), ("lln", 40), ("rwkv7", 40)]:
+        source = made_beta if name == "deltanet" else lamixer.api.shipped_source(name)
+        m = lamixer.loads(source + "\n# fused\n", name)  # compiled afresh: no fused function yet
         tensors, states = random_call(m, T=T, H=2, dtype=torch.float32, seed=T)
         outs = {}
         for fused in (True, False):
@@ -351,10 +356,11 @@ def test_decay_gradient_assembly_fused(spec, monkeypatch):
         assert torch.equal(g, grads[()][k]), k
 
 
-@pytest.mark.parametrize("name,fusable", [("linear_attn", False), ("gla", False), ("deltanet", True)])
+@pytest.mark.parametrize("name,fusable", [("linear_attn", False), ("gla", False), ("deltanet", False), ("hgrn2", True)])
 def test_only_per_token_work_is_fused(name, fusable, monkeypatch):
     """Specs whose scans read the inputs directly and whose output is a scan's read leave torch.compile nothing to
-    fuse: they run unfused (its dispatch would only add host time); deltanet's normalisations are fused."""
+    fuse: they run unfused (its dispatch would only add host time), deltanet among them, whose kernels finish its
+    normalisations; hgrn2's per-token work (its input gate 1 - f) is fused."""
     torch._dynamo.reset()
     monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
     monkeypatch.setattr(fuse, "BACKEND", "aot_eager")

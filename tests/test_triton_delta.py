@@ -168,7 +168,7 @@ def test_the_forward_keeps_each_chunks_inverse_for_the_backward(decay):
     g = -torch.rand(B, T, H, *((K,) if decay == "key" else ()), dtype=torch.float64)
     h0 = torch.zeros(B, H, K, K, dtype=torch.float64)
     cfg = Config(BT, 16, 16, 4, 1).as_list()
-    o, ht, tm, sc, rq = triton_delta.delta_scan(q, None, a, b, c, g, h0, None, decay, "after", cfg)
+    o, ht, tm, sc, rq, cn, rc = triton_delta.delta_scan(q, None, a, b, c, g, h0, None, decay, "after", cfg)
     assert sc.numel() == (tm.numel() if decay == "key" else 0)
     gk = (g[..., None] if decay == "scalar" else g).expand(B, T, H, K)
     for start in range(0, T, BT):
@@ -183,12 +183,12 @@ def test_the_forward_keeps_each_chunks_inverse_for_the_backward(decay):
             if decay == "key":
                 assert torch.allclose(sc[0, rows, h, :n], A[h].tril(), atol=1e-12)
     do, dht = torch.randn_like(o), torch.randn_like(ht)
-    grads = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm, sc, rq, do, dht, decay, "after", cfg)
-    wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm * 0.5, sc, rq, do, dht, decay, "after", cfg)
+    grads = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm, sc, rq, cn, rc, do, dht, decay, "after", cfg)
+    wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm * 0.5, sc, rq, cn, rc, do, dht, decay, "after", cfg)
     assert all(torch.isfinite(x).all() for x in grads)
     assert not torch.allclose(grads[1], wrong[1])
     if decay == "key":
-        wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm, sc * 0.5, rq, do, dht, decay, "after", cfg)
+        wrong = triton_delta.delta_scan_backward(q, None, a, b, c, g, h0, None, tm, sc * 0.5, rq, cn, rc, do, dht, decay, "after", cfg)
         assert not torch.allclose(grads[2], wrong[2])  # db = T^T (A^T dO + ...)
 
 
@@ -213,7 +213,7 @@ def test_strengths_stand_for_the_write_keys(decay, read, erase_before):
         assert (x - y).abs().max() < 1e-12 * x.abs().max()
     do = torch.randn_like(made[0])
     want = torch.autograd.grad((made[0] * do).sum(), (q, b, c, s))
-    args = (q, None, s, b, c, g, h0, cu, decay, read, cfg, erase_before, 1, 0, 1, True, -1, False)
+    args = (q, None, s, b, c, g, h0, cu, decay, read, cfg, erase_before, 1, 0, 1, True, -1, False, False, None)
     o, _ = triton_delta._EagerDeltaScan.apply(*args)
     got = torch.autograd.grad((o * do).sum(), (q, b, c, s))
     for name, x, y in zip(("dq", "db", "dc", "ds"), want, got):
@@ -235,9 +235,13 @@ def test_the_plan_takes_a_delta_rules_strengths():
             assert c.plan.nodes[st]["op"] == "input" and w.key not in evaluated, name
 
 
-def test_the_delta_chunk_kernels_normalise_the_query_themselves():
+def test_the_delta_chunk_kernels_normalise_the_query_and_the_erase_keys_themselves():
     """The plan gives the delta rule's chunk kernels a query l2norm(q) as q with its norm to finish (delta.QUERY_NORM),
-    its per-head factor too; the additive rule's kernels take a normalised query made before them."""
+    its per-head factor too, and an erase key -l2norm(k) as k with its norm and sign (delta.KEY_NORM), while their
+    scans still take the strengths for the write keys; the additive rule's kernels take a normalised query made
+    before them."""
+    from lamixer.backends.evaluate import program
+
     additive = lamixer.loads("""mixer normalised_query_gla
 dims K, V
 input q[K], k[K], v[V], g[K] in (-inf, 0)
@@ -252,19 +256,26 @@ out o = scale * l2norm(q) @ S
         forms = dict(group.finished_train)
         assert (query in forms and forms[query].norm and forms[query].factor is not None) == finished, name
         assert dict(group.finished_decode)[query].norm, name  # the recurrent kernel finishes it either way
+        if finished:
+            erase = c.classification.scan(group.states[0]).writes[0].erase
+            assert forms[erase] == (forms[erase].input, None, True, True, None, ()), name
+            assert program(c, forms).strengths == {group.states[0]: group.strengths}, name
+            assert not program(c, dict(group.finished_decode), decoding=True).strengths, name  # it takes the write keys
 
 
 @pytest.mark.parametrize("rows", [{6: 1e-3, 40: 1e3, 41: 1e3}, {5: 0., 7: 1e-14}], ids=["scaled", "below the floor"])
+@pytest.mark.parametrize("operand", ["q", "k"])
 @pytest.mark.parametrize("name", ["gated_deltanet", os.path.join(EXAMPLES, "gated_delta_vector.lam")], ids=os.path.basename)
-def test_the_kernels_query_norm_at_small_and_large_rows(name, rows):
-    """Query rows scaled far from the others' norms, a chunk's tail and packed sequences: outputs and every gradient as
-    the interpreter's l2norm gives them, both where the norm's gradient projects dq and where a norm below the floor of
-    1e-12 is clamped (no gradient through the norm; those rows' dq, 1e12 times the others', then rule the error)."""
+def test_the_kernels_norms_at_small_and_large_rows(name, operand, rows):
+    """Query or key rows scaled far from the others' norms, a chunk's tail and packed sequences: outputs and every
+    gradient as the interpreter's l2norm gives them, both where the norm's gradient projects dq or dk and where a norm
+    below the floor of 1e-12 is clamped (no gradient through the norm; those rows' gradient, 1e12 times the others',
+    then rules the error)."""
     m = lamixer.load(name)
     tensors, states = random_call(m, B=1, T=90, H=2, size=SIZE, seed=3, cu_seqlens=[0, 20, 90])
     for row, scale in rows.items():
-        tensors["q"][:, row] *= scale
-    _assert_close(compare(m, "triton", tensors, states, cu_seqlens=[0, 20, 90], seed=3), f"{name} query rows {rows}")
+        tensors[operand][:, row] *= scale
+    _assert_close(compare(m, "triton", tensors, states, cu_seqlens=[0, 20, 90], seed=3), f"{name} {operand} rows {rows}")
 
 
 @pytest.mark.parametrize("name", DELTA, ids=os.path.basename)

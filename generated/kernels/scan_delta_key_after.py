@@ -11,16 +11,18 @@ READS_WEIGHED = True
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_solve_kernel(
-    q, qs, a, c, g, tm, sc, cu_seqlens, chunk_indices, T,
+    q, qs, a, c, cs, rc, g, tm, sc, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr,
-    STRENGTH: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
+    KNORM: tl.constexpr, USE_CS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr, GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr,
     PRECISION: tl.constexpr, ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
 ):
     """Per chunk: T = (I - M)^-1 into tm [B, T, H, BT], and the read's scores A (on the read mask, summed over the key
     blocks in the accumulator and rounded to the inputs' dtype, as the output kernel's product rounds them) into sc
     [B, T, H, BT]: M's strips and A's share their write side. One program per (chunk, sequence x head); key blocks of
     BK in a loop. The prepare kernel then takes W and U0 one block per program. q: a row per QN rows (1, or a token's
-    for its QN sub-tokens). STRENGTH: a holds the writes' strengths s [B, T, H], the write key being -s c.
+    for its QN sub-tokens). STRENGTH: a holds the writes' strengths s [B, T, H], the write key being -s c. KNORM: c
+    holds raw keys k and the erase keys are cs_h k / max(||k||, 1e-12) (USE_CS: a per-head factor cs [H], its sign
+    included; else 1), their rows' 1 / max(||k||, 1e-12) stored into rc [B, T, H] for the prepare kernel.
     """
     i_c, i_x = tl.program_id(0), tl.program_id(1)
     if IS_VARLEN:
@@ -40,6 +42,12 @@ def scan_delta_key_after_float32_solve_kernel(
     m_t = i_t * BT + o_t < L
     m_s = o_t[:, None] > o_t[None, :]
     b_M = tl.zeros([BT, BT], dtype=tl.float32)
+    # KNORM: the loop pairs the raw keys, and M's rows (and columns, where the write keys are -s c) take the erase
+    # keys' scales after it. Where M's dot pairs the erase keys with themselves unweighed on its diagonal (STRENGTH,
+    # delta_pairs_exact, the erase at the decay's B), that diagonal holds their squared norms: no other work makes them
+    m_p = m_s
+    if KNORM:
+        b_kk = tl.zeros([BT], dtype=tl.float32)
     m_r = o_t[:, None] >= o_t[None, :]
     b_A = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
@@ -51,6 +59,8 @@ def scan_delta_key_after_float32_solve_kernel(
         else:
             b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        if KNORM:
+            b_kk += tl.sum(b_c.to(tl.float32) * b_c.to(tl.float32), axis=1)
         b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
         if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
             b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
@@ -80,12 +90,22 @@ def scan_delta_key_after_float32_solve_kernel(
                     b_Bj = tl.sum(tl.where(m_c[:, None], b_B, 0.), axis=0)  # [BK]
                     b_Mk += tl.where(m_c[None, :], tl.sum(b_c * b_yj[None, :] * tl.exp(tl.where((m_i & (o_t >= j))[:, None], b_B - b_Bj[None, :], float("-inf"))), axis=1)[:, None], 0.)
                     b_Ak += tl.where(m_c[None, :], tl.sum(b_q * b_yj[None, :] * tl.exp(tl.where((m_i & (o_t >= j))[:, None], b_E - b_Bj[None, :], float("-inf"))), axis=1)[:, None], 0.)
-        b_Mk = tl.where(m_s, b_Mk, 0.)  # [BT, BT]
+        b_Mk = tl.where(m_p, b_Mk, 0.)  # [BT, BT]
         b_Ak = tl.where(m_r, b_Ak, 0.)  # [BT, BT]
         b_A += b_Ak
         b_M += b_Mk
+    if KNORM:
+        # the erase keys' l2norm: 1 / max(||k||, 1e-12) per row into b_rc (the floor as lamixer.runtime.ops.normalize's,
+        # NORM_FLOOR, in the accumulator's type), and the rows' scales b_cs with cs_h
+        b_rc = 1. / tl.maximum(tl.sqrt(b_kk), tl.full([], 1e-12, tl.float32))
+        b_cs = b_rc
+        if USE_CS:  # the erase keys' per-head factor, their sign included
+            b_cs = b_rc * tl.load(cs + i_h).to(tl.float32)
+        b_M = b_M * b_cs[:, None]
     if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j, A_ij = -s_j q_i . c_j (selected: a later token's inf strength is no NaN here)
         b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+        if KNORM:  # the write keys -s c of the finished erase keys
+            b_sc = b_sc * b_cs
         b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
         b_A = tl.where(m_r, b_A * b_sc[None, :], 0.)
     # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
@@ -123,15 +143,17 @@ def scan_delta_key_after_float32_solve_kernel(
             b_T += tl.dot(b_X, b_T, input_precision=SOLVE_PRECISION)
     if bad_m:
         b_T = tl.where(o_t[:, None] >= i_first, float("nan"), b_T)
+    if KNORM:
+        tl.store(rc + t * H + i_h, b_rc.to(rc.dtype.element_ty), mask=m_t)
     tl.store(tm + (t[:, None] * H + i_h) * BT + o_t[None, :], b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
     tl.store(sc + (t[:, None] * H + i_h) * BT + o_t[None, :], b_A.to(sc.dtype.element_ty), mask=m_t[:, None])
 
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_key_after_float32_prepare_kernel(
-    a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, flags, cu_seqlens, chunk_indices, T,
+    a, c, cs, rc, cn, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, flags, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, CHECK_STORES: tl.constexpr, RERUN: tl.constexpr,
+    KNORM: tl.constexpr, USE_CS: tl.constexpr, SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, CHECK_STORES: tl.constexpr, RERUN: tl.constexpr,
     WEIGH_READS: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr,
     GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
     ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
@@ -146,7 +168,10 @@ def scan_delta_key_after_float32_prepare_kernel(
     products, causal for non-finite values (causal.jinja); the backward's rerun need not be. CHECK_STORES (with CAUSAL,
     not SPLIT): the products as if every value were finite, and each chunk's flag [chunks, H] set where what it stored
     is not; RERUN: only the flagged chunks, causal as CAUSAL makes them. STRENGTH: a holds the
-    writes' strengths s [B, T, H], the write key being -s c.
+    writes' strengths s [B, T, H], the write key being -s c. KNORM (the forward's): c holds raw keys k and the erase
+    keys are cs_h k / max(||k||, 1e-12) (USE_CS: a per-head factor cs [H], its sign included; else 1), which the key
+    blocks store into cn [B, T, H, K] for the kernels after this one; the rows' 1 / max(||k||, 1e-12) in rc [B, T, H],
+    made and stored here where the program solves, else the solve kernel's.
     WEIGH_READS (the backward's rerun): the key blocks also store the queries weighed from the chunk's start, q e^E,
     into qd [B, T, H, K] for the reverse pass.
     """
@@ -172,6 +197,12 @@ def scan_delta_key_after_float32_prepare_kernel(
     if SOLVE:
         m_s = o_t[:, None] > o_t[None, :]
         b_M = tl.zeros([BT, BT], dtype=tl.float32)
+        # KNORM: the loop pairs the raw keys, and M's rows (and columns, where the write keys are -s c) take the erase
+        # keys' scales after it. Where M's dot pairs the erase keys with themselves unweighed on its diagonal (STRENGTH,
+        # delta_pairs_exact, the erase at the decay's B), that diagonal holds their squared norms: no other work makes them
+        m_p = m_s
+        if KNORM:
+            b_kk = tl.zeros([BT], dtype=tl.float32)
         for i_k in range(0, tl.cdiv(K, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < K
@@ -181,6 +212,8 @@ def scan_delta_key_after_float32_prepare_kernel(
             else:
                 b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
                 b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            if KNORM:
+                b_kk += tl.sum(b_c.to(tl.float32) * b_c.to(tl.float32), axis=1)
             b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
             y_ = b_a
@@ -203,10 +236,20 @@ def scan_delta_key_after_float32_prepare_kernel(
                         b_yj = tl.sum(tl.where(m_c[:, None], y_, 0.), axis=0)  # [BK]
                         b_Bj = tl.sum(tl.where(m_c[:, None], b_B, 0.), axis=0)  # [BK]
                         b_Mk += tl.where(m_c[None, :], tl.sum(b_c * b_yj[None, :] * tl.exp(tl.where((m_i & (o_t >= j))[:, None], b_B - b_Bj[None, :], float("-inf"))), axis=1)[:, None], 0.)
-            b_Mk = tl.where(m_s, b_Mk, 0.)  # [BT, BT]
+            b_Mk = tl.where(m_p, b_Mk, 0.)  # [BT, BT]
             b_M += b_Mk
+        if KNORM:
+            # the erase keys' l2norm: 1 / max(||k||, 1e-12) per row into b_rc (the floor as lamixer.runtime.ops.normalize's,
+            # NORM_FLOOR, in the accumulator's type), and the rows' scales b_cs with cs_h
+            b_rc = 1. / tl.maximum(tl.sqrt(b_kk), tl.full([], 1e-12, tl.float32))
+            b_cs = b_rc
+            if USE_CS:  # the erase keys' per-head factor, their sign included
+                b_cs = b_rc * tl.load(cs + i_h).to(tl.float32)
+            b_M = b_M * b_cs[:, None]
         if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j (selected: a later token's inf strength is no NaN here)
             b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+            if KNORM:  # the write keys -s c of the finished erase keys
+                b_sc = b_sc * b_cs
             b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
         # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
         # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
@@ -244,13 +287,24 @@ def scan_delta_key_after_float32_prepare_kernel(
         if bad_m:
             b_T = tl.where(o_t[:, None] >= i_first, float("nan"), b_T)
         tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
+        if KNORM:
+            tl.store(rc + t * H + i_h, b_rc.to(rc.dtype.element_ty), mask=m_t)
     else:
         b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]
+        if KNORM:
+            b_rc = tl.load(rc + t * H + i_h, mask=m_t, other=0.).to(tl.float32)
+            b_cs = b_rc
+            if USE_CS:  # the erase keys' per-head factor, their sign included
+                b_cs = b_rc * tl.load(cs + i_h).to(tl.float32)
     if SPLIT:
         if i_p < tl.cdiv(K, BK):
             o_k = (i_p) * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            if KNORM:
+                b_c = (b_c * b_cs[:, None]).to(c.dtype.element_ty)
+            if KNORM:  # the finished erase keys, for the kernels after this one
+                tl.store(cn + (t[:, None] * H + i_h) * K + o_k[None, :], b_c, mask=m_t[:, None] & m_k[None, :])
             b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
             b_E = b_B
@@ -302,6 +356,10 @@ def scan_delta_key_after_float32_prepare_kernel(
             o_k = (i_k) * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            if KNORM:
+                b_c = (b_c * b_cs[:, None]).to(c.dtype.element_ty)
+            if KNORM:  # the finished erase keys, for the kernels after this one
+                tl.store(cn + (t[:, None] * H + i_h) * K + o_k[None, :], b_c, mask=m_t[:, None] & m_k[None, :])
             b_g = tl.maximum(tl.load(g + ((t // GN)[:, None] * H + i_h) * K + o_k[None, :], mask=(m_t & (t % GN == GSTEP))[:, None] & m_k[None, :], other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT, BK]
             b_B = tl.cumsum(b_g, axis=0)
             b_E = b_B

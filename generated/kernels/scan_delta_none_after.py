@@ -11,9 +11,9 @@ READS_WEIGHED = False
 
 @triton.jit(do_not_specialize=["T"])
 def scan_delta_none_after_float32_prepare_kernel(
-    a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, flags, cu_seqlens, chunk_indices, T,
+    a, c, cs, rc, cn, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, flags, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, CHECK_STORES: tl.constexpr, RERUN: tl.constexpr,
+    KNORM: tl.constexpr, USE_CS: tl.constexpr, SOLVE: tl.constexpr, SPLIT: tl.constexpr, CAUSAL: tl.constexpr, CHECK_STORES: tl.constexpr, RERUN: tl.constexpr,
     WEIGH_READS: tl.constexpr, QN: tl.constexpr, USE_QS: tl.constexpr, STRENGTH: tl.constexpr, GN: tl.constexpr,
     GSTEP: tl.constexpr, SPAN: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
     ACC_PRECISION: tl.constexpr, SOLVE_PRECISION: tl.constexpr,
@@ -26,7 +26,10 @@ def scan_delta_none_after_float32_prepare_kernel(
     products, causal for non-finite values (causal.jinja); the backward's rerun need not be. CHECK_STORES (with CAUSAL,
     not SPLIT): the products as if every value were finite, and each chunk's flag [chunks, H] set where what it stored
     is not; RERUN: only the flagged chunks, causal as CAUSAL makes them. STRENGTH: a holds the
-    writes' strengths s [B, T, H], the write key being -s c.
+    writes' strengths s [B, T, H], the write key being -s c. KNORM (the forward's): c holds raw keys k and the erase
+    keys are cs_h k / max(||k||, 1e-12) (USE_CS: a per-head factor cs [H], its sign included; else 1), which the key
+    blocks store into cn [B, T, H, K] for the kernels after this one; the rows' 1 / max(||k||, 1e-12) in rc [B, T, H],
+    made and stored here where the program solves, else the solve kernel's.
     """
     i_p, i_c, i_x = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -54,6 +57,14 @@ def scan_delta_none_after_float32_prepare_kernel(
         if CHECK_STORES:
             m_s = o_t[:, None] > o_t[None, :]
             b_M = tl.zeros([BT, BT], dtype=tl.float32)
+            # KNORM: the loop pairs the raw keys, and M's rows (and columns, where the write keys are -s c) take the erase
+            # keys' scales after it. Where M's dot pairs the erase keys with themselves unweighed on its diagonal (STRENGTH,
+            # delta_pairs_exact, the erase at the decay's B), that diagonal holds their squared norms: no other work makes them
+            m_p = m_s
+            if KNORM:
+                b_kk = tl.zeros([BT], dtype=tl.float32)
+                if STRENGTH:
+                    m_p = o_t[:, None] >= o_t[None, :]
             for i_k in range(0, tl.cdiv(K, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < K
@@ -63,10 +74,25 @@ def scan_delta_none_after_float32_prepare_kernel(
                 else:
                     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
                     b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-                b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
+                if KNORM and not STRENGTH:
+                    b_kk += tl.sum(b_c.to(tl.float32) * b_c.to(tl.float32), axis=1)
+                b_Mk = tl.where(m_p, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
                 b_M += b_Mk
+            if KNORM:
+                if STRENGTH:
+                    b_kk = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_M, 0.), axis=1)
+                    b_M = tl.where(m_s, b_M, 0.)
+                # the erase keys' l2norm: 1 / max(||k||, 1e-12) per row into b_rc (the floor as lamixer.runtime.ops.normalize's,
+                # NORM_FLOOR, in the accumulator's type), and the rows' scales b_cs with cs_h
+                b_rc = 1. / tl.maximum(tl.sqrt(b_kk), tl.full([], 1e-12, tl.float32))
+                b_cs = b_rc
+                if USE_CS:  # the erase keys' per-head factor, their sign included
+                    b_cs = b_rc * tl.load(cs + i_h).to(tl.float32)
+                b_M = b_M * b_cs[:, None]
             if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j (selected: a later token's inf strength is no NaN here)
                 b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+                if KNORM:  # the write keys -s c of the finished erase keys
+                    b_sc = b_sc * b_cs
                 b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
             # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
             # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
@@ -99,6 +125,14 @@ def scan_delta_none_after_float32_prepare_kernel(
         else:
             m_s = o_t[:, None] > o_t[None, :]
             b_M = tl.zeros([BT, BT], dtype=tl.float32)
+            # KNORM: the loop pairs the raw keys, and M's rows (and columns, where the write keys are -s c) take the erase
+            # keys' scales after it. Where M's dot pairs the erase keys with themselves unweighed on its diagonal (STRENGTH,
+            # delta_pairs_exact, the erase at the decay's B), that diagonal holds their squared norms: no other work makes them
+            m_p = m_s
+            if KNORM:
+                b_kk = tl.zeros([BT], dtype=tl.float32)
+                if STRENGTH:
+                    m_p = o_t[:, None] >= o_t[None, :]
             for i_k in range(0, tl.cdiv(K, BK)):
                 o_k = i_k * BK + tl.arange(0, BK)
                 m_k = o_k < K
@@ -108,10 +142,25 @@ def scan_delta_none_after_float32_prepare_kernel(
                 else:
                     b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
                     b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-                b_Mk = tl.where(m_s, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
+                if KNORM and not STRENGTH:
+                    b_kk += tl.sum(b_c.to(tl.float32) * b_c.to(tl.float32), axis=1)
+                b_Mk = tl.where(m_p, tl.dot(b_c, tl.trans(b_a), input_precision=PRECISION).to(tl.float32), 0.)  # [BT, BT]
                 b_M += b_Mk
+            if KNORM:
+                if STRENGTH:
+                    b_kk = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_M, 0.), axis=1)
+                    b_M = tl.where(m_s, b_M, 0.)
+                # the erase keys' l2norm: 1 / max(||k||, 1e-12) per row into b_rc (the floor as lamixer.runtime.ops.normalize's,
+                # NORM_FLOOR, in the accumulator's type), and the rows' scales b_cs with cs_h
+                b_rc = 1. / tl.maximum(tl.sqrt(b_kk), tl.full([], 1e-12, tl.float32))
+                b_cs = b_rc
+                if USE_CS:  # the erase keys' per-head factor, their sign included
+                    b_cs = b_rc * tl.load(cs + i_h).to(tl.float32)
+                b_M = b_M * b_cs[:, None]
             if STRENGTH:  # M_ij = c_i . a_j = -s_j c_i . c_j (selected: a later token's inf strength is no NaN here)
                 b_sc = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT]
+                if KNORM:  # the write keys -s c of the finished erase keys
+                    b_sc = b_sc * b_cs
                 b_M = tl.where(m_s, b_M * b_sc[None, :], 0.)
             # a non-finite M_ij (j < i) makes row i of T and every row after it NaN (T_i = e_i + sum_j M_ij T_j), as the
             # recurrence makes them; the solve takes M's finite values, so that its products over the chunk's tokens never
@@ -149,13 +198,24 @@ def scan_delta_none_after_float32_prepare_kernel(
             if bad_m:
                 b_T = tl.where(o_t[:, None] >= i_first, float("nan"), b_T)
         tl.store(p_tm, b_T.to(tm.dtype.element_ty), mask=m_t[:, None])
+        if KNORM:
+            tl.store(rc + t * H + i_h, b_rc.to(rc.dtype.element_ty), mask=m_t)
     else:
         b_T = tl.load(p_tm, mask=m_t[:, None], other=0.)  # [BT, BT]
+        if KNORM:
+            b_rc = tl.load(rc + t * H + i_h, mask=m_t, other=0.).to(tl.float32)
+            b_cs = b_rc
+            if USE_CS:  # the erase keys' per-head factor, their sign included
+                b_cs = b_rc * tl.load(cs + i_h).to(tl.float32)
     if SPLIT:
         if i_p < tl.cdiv(K, BK):
             o_k = (i_p) * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            if KNORM:
+                b_c = (b_c * b_cs[:, None]).to(c.dtype.element_ty)
+            if KNORM:  # the finished erase keys, for the kernels after this one
+                tl.store(cn + (t[:, None] * H + i_h) * K + o_k[None, :], b_c, mask=m_t[:, None] & m_k[None, :])
             b_x = b_c.to(tl.float32)  # [BT, BK]
             if CAUSAL:
                 bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
@@ -197,6 +257,10 @@ def scan_delta_none_after_float32_prepare_kernel(
             o_k = (i_k) * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            if KNORM:
+                b_c = (b_c * b_cs[:, None]).to(c.dtype.element_ty)
+            if KNORM:  # the finished erase keys, for the kernels after this one
+                tl.store(cn + (t[:, None] * H + i_h) * K + o_k[None, :], b_c, mask=m_t[:, None] & m_k[None, :])
             b_x = b_c.to(tl.float32)  # [BT, BK]
             b_w = tl.dot((b_T).to(a.dtype.element_ty), (b_x).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
             if CAUSAL:
@@ -216,6 +280,10 @@ def scan_delta_none_after_float32_prepare_kernel(
             o_k = (i_k) * BK + tl.arange(0, BK)
             m_k = o_k < K
             b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+            if KNORM:
+                b_c = (b_c * b_cs[:, None]).to(c.dtype.element_ty)
+            if KNORM:  # the finished erase keys, for the kernels after this one
+                tl.store(cn + (t[:, None] * H + i_h) * K + o_k[None, :], b_c, mask=m_t[:, None] & m_k[None, :])
             b_x = b_c.to(tl.float32)  # [BT, BK]
             if CAUSAL:
                 bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_x.dtype), b_x, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0

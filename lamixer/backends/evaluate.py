@@ -30,15 +30,17 @@ class _Program:
     """What evaluating the plan needs beyond the call's tensors, worked out once per spec and set of direct
     operands: the nodes to evaluate in order, what each is, and the scan groups. Per-call work walks no graph."""
 
-    def __init__(self, compiled: Compiled, direct: dict[int, Form]):
+    def __init__(self, compiled: Compiled, direct: dict[int, Form], decoding: bool = False):
         self.c, self.nodes, self.direct = compiled, compiled.plan.nodes, direct
         plan, nodes = compiled.plan, self.nodes
         # per state, its writes' strengths where its scan takes them (ScanGroup.strengths): not where a kernel finishes
-        # a write or erase key from the caller's tensors itself (the recurrent kernel's forms)
+        # a write key from the caller's tensors itself, nor where the recurrent kernel (decoding) finishes an erase key
+        # (it takes the write keys made: ScanOperands.with_write_keys); the chunk kernels make the write keys from the
+        # strengths and the erase keys they finish
         self.strengths = {}
         for group in plan.groups:
             writes = compiled.classification.scan(group.states[0]).writes
-            if group.strengths and not any(n in direct for w in writes for n in (w.key, w.erase)):
+            if group.strengths and not any(w.key in direct or (decoding and w.erase in direct) for w in writes):
                 self.strengths[group.states[0]] = group.strengths
         needed = self._needed()
         # call constants: made of constants, dims, the head index and the scale only (e.g. RetNet's decay, a read-out
@@ -177,12 +179,13 @@ class _Program:
         return need
 
 
-def program(compiled: Compiled, direct: dict[int, Form] | None = None) -> _Program:
-    """The spec's evaluation program for these direct operands (made once, kept with the compiled spec)."""
+def program(compiled: Compiled, direct: dict[int, Form] | None = None, decoding: bool = False) -> _Program:
+    """The spec's evaluation program for these direct operands (made once, kept with the compiled spec); decoding:
+    they are the recurrent kernel's (_Program)."""
     direct = direct or {}
-    key = ("program", tuple((n, direct[n]) for n in sorted(direct)))  # sorted by node alone: torch.compile sorts ints, not tuples
+    key = ("program", decoding, tuple((n, direct[n]) for n in sorted(direct)))  # sorted by node alone: torch.compile sorts ints, not tuples
     found = compiled.cache.get(key)
-    return found if found is not None else remember(compiled.cache, key, _Program(compiled, direct))
+    return found if found is not None else remember(compiled.cache, key, _Program(compiled, direct, decoding))
 
 
 def _converted(d: dict, x: torch.Tensor, dt: torch.dtype) -> torch.Tensor:

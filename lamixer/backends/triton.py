@@ -139,4 +139,4 @@ def _choices(compiled: Compiled, call: Call, interpreted: bool, configs: dict[st
         else:
             config = chunk_config(g, call, dtype, configs)
             scans[g.states] = (chunk_scan(g, dtype, config), g.normaliser is not None, dtype)
-    return scans, direct, evaluate.program(compiled, direct), not decoding
+    return scans, direct, evaluate.program(compiled, direct, decoding), not decoding

@@ -17,6 +17,7 @@ def template_args(decay: str, read: str, acc: str, ones: bool = False) -> dict:
 
 FAMILY = "chunk_additive"  # the additive rule's template, every decay: none, scalar, constant, along the key or the value dim
 QUERY_NORM = False  # a query's l2norm is made before the kernels (delta.QUERY_NORM)
+KEY_NORM = False  # and so is a key's (delta.KEY_NORM)
 
 
 STRIP_DECAYS = ("key", "value")  # decays whose chunk scores are built in strips

@@ -25,6 +25,9 @@ FAMILY = "scan_delta"
 # after its dots, the backward the read's terms): the kernel plan lets a query's l2norm through to them
 # (kernel_plan.ScanGroup.finished_train)
 QUERY_NORM = True
+# the forward's first kernel l2-normalises the erase keys (with their sign or per-head factor) as it loads them and
+# stores them finished for the kernels after it, in place of a pass of their own before the kernels
+KEY_NORM = True
 
 
 KERNELS = ("solve_kernel", "prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_grad_kernel")
@@ -49,7 +52,7 @@ CHUNK_BLOCK = 64
 
 
 def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Config, precision: str, tm: torch.Tensor | None = None,
-             qn: int = 1, strength: bool = False, rows: dict | None = None):  # fmt: skip
+             qn: int = 1, strength: bool = False, rows: dict | None = None, keys: tuple | None = None):  # fmt: skip
     """The solve and prepare kernels: (T, the read's scores where the kernels keep them (else an empty tensor), W, U0,
     what the sequential passes read of the decay (else Nones): a per-key decay's weighed write keys, the chunks' log
     decays, a scalar decay's per-token terms and, in the backward, the weighed queries, then the number of chunks, and
@@ -58,7 +61,9 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     tm: the chunks' T = (I - M)^-1 as an earlier call on the same inputs left them (the backward's): then neither T
     nor the scores are made again (the scores come back empty), and the queries are weighed where the kernels read them
     so (READS_WEIGHED). qn: q's rows per query row (query_rows). strength: a holds the writes' strengths s [B, T, H],
-    the write key being -s c. rows: the log decays' rows (decay_rows)."""
+    the write key being -s c. rows: the log decays' rows (decay_rows). keys: (cs, rc, cn) where the forward finishes
+    the erase keys (_key_buffers): c holds raw keys, and the kernels store the finished ones into cn and their rows'
+    1 / max(||k||, 1e-12) into rc."""
     rows = rows or decay_rows(1, -1)
     B, T, H, K = c.shape
     V = b.shape[-1]
@@ -70,6 +75,8 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     forward = tm is None
     sc = c.new_empty(0)
     shapes = dict(H=H, K=K, V=V, BT=BT, BV=BV, IS_VARLEN=varlen, **launch_args(c_cfg))
+    cs, rc, cn = keys or (None, None, None)
+    finishing = dict(KNORM=keys is not None, USE_CS=cs is not None)
     solving = dict(SPAN=diagonal_span(c.dtype), PRECISION="ieee", ACC_PRECISION=precision, STRENGTH=strength,
                    SOLVE_PRECISION=precision if c.dtype == acc else acc_precision(acc, SOLVE_HALF))  # fmt: skip
     if forward:  # T in the inputs' dtype: every use of it (and of the scores) rounds it to that (the template's `mm`)
@@ -80,8 +87,8 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     if forward and mod.SCORES_KEPT:
         sc = torch.empty_like(tm)
         getattr(mod, f"{mod.NAME}_solve_kernel")[grid_chunks](
-            q, qs, a, c, g, tm, sc, cu, indices, T, H=H, K=K, BT=BT, BK=BK, QN=qn, USE_QS=qs is not None, IS_VARLEN=varlen,
-            **solving, **rows, **launch_args(c_cfg),
+            q, qs, a, c, cs, rc, g, tm, sc, cu, indices, T, H=H, K=K, BT=BT, BK=BK, QN=qn, USE_QS=qs is not None, IS_VARLEN=varlen,
+            **finishing, **solving, **rows, **launch_args(c_cfg),
         )  # fmt: skip
     w = torch.empty(B, T, H, K, dtype=c.dtype, device=c.device)
     u0 = torch.empty(B, T, H, V, dtype=c.dtype, device=c.device)
@@ -107,18 +114,20 @@ def _prepare(mod, q, qs, a, b, c, g, acc: torch.dtype, cu, decay: str, c_cfg: Co
     flags = torch.empty(NC * H, dtype=torch.int32, device=c.device) if check_stores else None
     for rerun in (False, True) if check_stores else (False,):
         getattr(mod, f"{mod.NAME}_prepare_kernel")[(parts, *grid_chunks)](
-            a, c, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, flags, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split,
+            a, c, cs, rc, cn, b, g, q, qs, tm, w, u0, ad, gl, gt, qd, flags, cu, indices, T, BK=BK, SOLVE=solve, SPLIT=split,
             CAUSAL=forward, CHECK_STORES=check_stores and not rerun, RERUN=rerun, WEIGH_READS=weigh_reads, QN=qn,
-            USE_QS=qs is not None, **solving, **rows, **shapes,
+            USE_QS=qs is not None, **finishing, **solving, **rows, **shapes,
         )  # fmt: skip
     return tm, sc, w, u0, (ad, gl, gt, qd), NC, (grid_chunks, indices, offsets, dict(shapes, BK=BK))
 
 
 def _forward(mod, q, qs, a, b, c, g, h0, cu, decay: str, c_cfg: Config, store_ht: bool, precision: str, tm: torch.Tensor | None = None,
-             qn: int = 1, strength: bool = False, rows: dict | None = None):  # fmt: skip
+             qn: int = 1, strength: bool = False, rows: dict | None = None, keys: tuple | None = None):  # fmt: skip
     """The solve and prepare kernels (_prepare) and the state pass: (T, the scores, W, U, what the sequential passes
-    read of the decay (_prepare's), states at chunk starts, final state, chunk layout)."""
-    tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm, qn, strength, rows)
+    read of the decay (_prepare's), states at chunk starts, final state, chunk layout). keys: _prepare's (the state
+    pass then reads the finished erase keys)."""
+    tm, sc, w, u, reach, NC, layout = _prepare(mod, q, qs, a, b, c, g, h0.dtype, cu, decay, c_cfg, precision, tm, qn, strength, rows, keys)
+    c = c if keys is None else keys[2]
     ad, gl, gt, _ = reach
     B, T, H, K = c.shape
     V = b.shape[-1]
@@ -144,7 +153,8 @@ def _module(decay: str, read: str, erase_before: bool, acc: torch.dtype):
 def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
                    erase_before: bool = False, sub_steps: int = 1, step: int = 0, qn: int = 1, strength: bool = False,
-                   decay_step: int = -1, qnorm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   decay_step: int = -1, qnorm: bool = False, knorm: bool = False,
+                   cs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1}; S_t += a_t (b_t + S_t^T c_t)^T; o_t = (qs_h q_t)^T S_read(t): (o, final state,
     the chunks' T = (I - M)^-1 [B, T, H, BT] and the read's scores [B, T, H, BT] where the kernels keep them (else
     empty), both kept for the backward so that it does not make them again). erase_before:
@@ -156,16 +166,22 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     with the erase keys by -s, so that no write key tensor is written, read or kept. decay_step: g holds a
     row per token of sub_steps rows, its log decay at that sub-step and 0 at the others (ScanOperands.decay_step; -1:
     a row per row), which the kernels read so. qnorm: the kernels read q l2-normalised over the key dim (as
-    lamixer.runtime.ops.normalize), its scales 1 / max(||q||, 1e-12) [B, T / qn, H] returned last (else empty) for
-    the backward.
+    lamixer.runtime.ops.normalize), its scales 1 / max(||q||, 1e-12) [B, T / qn, H] returned fifth (else empty) for
+    the backward. knorm: c holds raw keys k and the erase keys are cs_h k / max(||k||, 1e-12) (cs [H] a per-head
+    factor, its sign included, or None: 1), which the forward's first kernel makes: the finished keys [B, T, H, K] and
+    their rows' 1 / max(||k||, 1e-12) [B, T, H] are returned last (else empty) for the backward.
 
     qs: an optional per-head factor of the query [H] (not differentiated); cfg: an autotune.Config as a list."""
     mod = _module(decay, read, erase_before, h0.dtype)
     cfg = Config.from_list(cfg)
     qn = query_rows(q, c, qn)
     rows = decay_rows(sub_steps, decay_step)
+    cn, rc = _key_buffers(c, h0.dtype, knorm)
+    keys = (cs, rc, cn) if knorm else None
     tm, sc, _, u, _, h, ht, (grid_chunks, indices, _, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, True,
-                                                                         acc_precision(h0.dtype), qn=qn, strength=strength, rows=rows)  # fmt: skip
+                                                                         acc_precision(h0.dtype), qn=qn, strength=strength, rows=rows,
+                                                                         keys=keys)  # fmt: skip
+    c = cn if knorm else c
     B, T, H, _ = c.shape
     V = b.shape[-1]
     o = torch.empty(B, T, H, V, dtype=b.dtype, device=b.device)
@@ -176,7 +192,15 @@ def _delta_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
         STRENGTH=strength, SPAN=diagonal_span(c.dtype), PRECISION="ieee", **rows,
         **dict(shapes, num_stages=output_stages(c.dtype, shapes["num_stages"])),
     )  # fmt: skip
-    return o, ht, tm, sc, rq
+    return o, ht, tm, sc, rq, cn, rc
+
+
+def _key_buffers(c: torch.Tensor, acc: torch.dtype, knorm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The finished erase keys [B, T, H, K] in c's dtype and their rows' 1 / max(||k||, 1e-12) [B, T, H] in the
+    accumulator's (empty without knorm)."""
+    if not knorm:
+        return c.new_empty(0), c.new_empty(0, dtype=acc)
+    return torch.empty_like(c), c.new_empty(c.shape[:3], dtype=acc)
 
 
 def _scales_buffer(q: torch.Tensor, acc: torch.dtype, qnorm: bool, some_rows: bool) -> torch.Tensor:
@@ -196,6 +220,13 @@ def _projected(q: torch.Tensor, rq: torch.Tensor, dq: torch.Tensor) -> torch.Ten
     clamped = r >= 1. / torch.tensor(NORM_FLOOR, dtype=rq.dtype)  # the kernel's scale at the floor, rounded as it is
     along = torch.where(clamped, 0., r * r * (x * dx).sum(-1, keepdim=True))
     return (dx - x * along).to(dq.dtype)
+
+
+def _key_grad(k: torch.Tensor, rc: torch.Tensor, dc: torch.Tensor, cs: torch.Tensor | None) -> torch.Tensor:
+    """The raw keys' gradient from dc, that of the finished erase keys cs_h rc k: the gradient of rc k is cs_h dc,
+    projected as a query's (_projected)."""
+    f = rc.unsqueeze(-1) if cs is None else rc.unsqueeze(-1) * cs.to(rc.dtype).view(-1, 1)
+    return _projected(k, rc, dc.to(rc.dtype) * f).to(dc.dtype)
 
 
 def query_rows(q: torch.Tensor, c: torch.Tensor, qn: int) -> int:
@@ -247,31 +278,33 @@ delta_scan = torch.library.custom_op(f"{NAMESPACE}::delta_scan", _delta_forward,
 
 @delta_scan.register_fake
 def _(q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1, strength=False, decay_step=-1,
-      qnorm=False):  # fmt: skip
+      qnorm=False, knorm=False, cs=None):  # fmt: skip
     B, T, H, K = c.shape
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     tm = c.new_empty(B, T, H, Config.from_list(cfg).BT)
     sc = torch.empty_like(tm) if _module(decay, read, erase_before, h0.dtype).SCORES_KEPT else c.new_empty(0)
     rq = q.new_empty(q.shape[:3] if qnorm else (0,), dtype=h0.dtype)
-    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), tm, sc, rq
+    return b.new_empty(B, T, H, b.shape[-1]), h0.new_empty(N, H, K, b.shape[-1]), tm, sc, rq, *_key_buffers(c, h0.dtype, knorm)
 
 
 def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, g: torch.Tensor | None,
-                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, sc: torch.Tensor, rq: torch.Tensor, do: torch.Tensor,
-                    dht: torch.Tensor, decay: str, read: str, cfg: list[int], erase_before: bool = False, sub_steps: int = 1, step: int = 0,
-                    qn: int = 1, strength: bool = False, decay_step: int = -1,
-                    qnorm: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, tm: torch.Tensor, sc: torch.Tensor, rq: torch.Tensor, cn: torch.Tensor,
+                    rc: torch.Tensor, do: torch.Tensor, dht: torch.Tensor, decay: str, read: str, cfg: list[int], erase_before: bool = False,
+                    sub_steps: int = 1, step: int = 0, qn: int = 1, strength: bool = False, decay_step: int = -1, qnorm: bool = False,
+                    knorm: bool = False, cs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(dq, da, db, dc, dg, dh0) of delta_scan; dg is empty without a decay. sub_steps, step, qn: the forward's (dO is
     0 but at the rows its output kernel computed, and A^T dO takes those alone). A q of a row per token is read at
     each of its sub-tokens' rows (the reverse pass gathers them), and dq's row is the read's sub-token's (dq is 0 at
     the others, as dO is). strength (a the strengths): every kernel takes them as the forward's do, and the gradient
     kernel gives d(strengths) in da's place and -s da within dc. decay_step: the forward's (g and dg a row per
     token). qnorm: the forward's, rq its scales: the kernels scale the read's terms by them row by row, and dq is
-    projected here (_projected)."""
+    projected here (_projected). knorm, cs: the forward's, cn and rc what it returned for them: the kernels read the
+    finished erase keys, and dc (of the raw keys) is projected here."""
     mod = _module(decay, read, erase_before, h0.dtype)
     qn = query_rows(q, c, qn)
     cfg = Config.from_list(cfg)
     acc = h0.dtype
+    k, c = c, cn if knorm else c  # the kernels read the erase keys as the forward finished them
     precision = acc_precision(acc)
     rows = decay_rows(sub_steps, decay_step)
     _, _, w, u, (ad, gl, gt, qd), h, _, (grid_chunks, indices, offsets, shapes) = _forward(mod, q, qs, a, b, c, g, h0, cu_seqlens, decay, cfg, False,
@@ -321,6 +354,8 @@ def _delta_backward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b
         da = dsp.sum(0).to(a.dtype)
     if qnorm:
         dq = fuse.function(_projected, q.device, q, rq, dq)
+    if knorm:
+        dc = fuse.function(_key_grad, k.device, k, rc, dc, cs)
     if g is None:
         return dq, da, db, dc, q.new_empty(0), dh0
     if decay == "key":
@@ -379,26 +414,26 @@ delta_scan_backward = torch.library.custom_op(f"{NAMESPACE}::delta_scan_backward
 
 
 @delta_scan_backward.register_fake
-def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, rq, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1,
-      strength=False, decay_step=-1, qnorm=False):  # fmt: skip
+def _(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, rq, cn, rc, do, dht, decay, read, cfg, erase_before=False, sub_steps=1, step=0, qn=1,
+      strength=False, decay_step=-1, qnorm=False, knorm=False, cs=None):  # fmt: skip
     dg = torch.empty_like(g) if g is not None else q.new_empty(0)
     return torch.empty_like(q), torch.empty_like(a), torch.empty_like(b), torch.empty_like(c), dg, torch.empty_like(h0)
 
 
 def _setup_context(ctx, inputs, output):
-    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step, qnorm = inputs
-    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, *output[2:5])
-    ctx.config = (decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step, qnorm)
+    q, qs, a, b, c, g, h0, cu_seqlens, decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step, qnorm, knorm, cs = inputs
+    ctx.save_for_backward(q, qs, a, b, c, g, h0, cu_seqlens, cs, *output[2:7])
+    ctx.config = (decay, read, cfg, erase_before, sub_steps, step, qn, strength, decay_step, qnorm, knorm)
 
 
 def _grads(ctx, do, dht, backward):
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
-    q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, rq = ctx.saved_tensors
-    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, rq, do, dht, *ctx.config)
-    return dq, None, da, db, dc, dg if g is not None else None, dh0, *[None] * 11
+    q, qs, a, b, c, g, h0, cu_seqlens, cs, tm, sc, rq, cn, rc = ctx.saved_tensors
+    dq, da, db, dc, dg, dh0 = backward(q, qs, a, b, c, g, h0, cu_seqlens, tm, sc, rq, cn, rc, do, dht, *ctx.config, cs)
+    return dq, None, da, db, dc, dg if g is not None else None, dh0, *[None] * 13
 
 
-def _backward(ctx, do, dht, _dtm, _dsc, _drq):
+def _backward(ctx, do, dht, _dtm, _dsc, _drq, _dcn, _drc):
     return _grads(ctx, do, dht, delta_scan_backward)
 
 
@@ -411,9 +446,9 @@ class _EagerDeltaScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *inputs):
-        o, ht, tm, sc, rq = _delta_forward(*inputs)
-        _setup_context(ctx, inputs, (o, ht, tm, sc, rq))
-        return o, ht
+        outputs = _delta_forward(*inputs)
+        _setup_context(ctx, inputs, outputs)
+        return outputs[:2]
 
     @staticmethod
     def backward(ctx, do, dht):
@@ -441,15 +476,27 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[to
     sub_steps, step = (ops.sub_steps, ops.read_steps[0]) if ops.sub_steps > 1 else (1, 0)  # the read's rows (its hint)
     qn = ops.sub_steps if ops.reads_per_token else 1
     decay_step = -1 if ops.decay_step is None else ops.decay_step
+    knorm, cs = _key_norm(ops, acc)
     args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step, qn, strength, decay_step,
-            _query_norm(ops))  # fmt: skip
+            _query_norm(ops), knorm, cs)  # fmt: skip
     o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht
 
 
 def _query_norm(ops: ScanOperands) -> bool:
-    """Whether the kernels l2-normalise the query (its KeyForm): the one form the kernel plan gives these kernels."""
-    others = {name: f for name, f in ops.forms.items() if name != "q0" or f.token is not None or f.factor is not None}
+    """Whether the kernels l2-normalise the query (its KeyForm). The kernel plan gives these kernels a query's l2norm
+    and an erase key's l2norm with its per-head factor (_key_norm), no other form."""
+    others = {name: f for name, f in ops.forms.items()
+              if not (name == "q0" and f.token is None and f.factor is None) and not (name == "c" and f.norm and f.token is None)}  # fmt: skip
     if others:
-        raise ValueError(f"delta_scan: the chunk kernels finish a query's l2norm alone, not {sorted(others)}")
+        raise ValueError(f"delta_scan: the chunk kernels finish a query's l2norm and an erase key's, not {sorted(others)}")
     return "q0" in ops.forms and ops.forms["q0"].norm
+
+
+def _key_norm(ops: ScanOperands, acc: torch.dtype) -> tuple[bool, torch.Tensor | None]:
+    """Whether the kernels l2-normalise the erase keys, and their per-head factor [H] in `acc` (its sign included;
+    None: 1)."""
+    form = ops.forms.get("c")
+    if form is None:
+        return False, None
+    return True, None if form.factor is None else form.factor.to(acc).contiguous()

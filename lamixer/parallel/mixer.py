@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..runtime import ops as ops_
 from ..runtime.carry import extras as carry_extras
 from ..runtime.carry import statistic as carry_statistic
 from ..runtime.errors import LamixerError
@@ -99,10 +98,8 @@ def _query(ops: ScanOperands, i: int, dtype: torch.dtype) -> torch.Tensor:
     applied), in `dtype`."""
     q = ops.reads[i][0].to(dtype)
     form = ops.forms.get(f"q{i}")
-    if form is not None and form.norm:
-        q = ops_.normalize("l2norm", q)
-    if form is not None and form.token is not None:
-        q = q * form.token.to(dtype).unsqueeze(-1)
+    if form is not None:
+        q = form.finish(q)
     factor = ops.query_factors[i]
     return q if factor is None else q * factor.to(dtype).unsqueeze(-1)
 

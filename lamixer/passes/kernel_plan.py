@@ -104,8 +104,9 @@ class ScanGroup:
     missing: tuple[str, ...]  # why no chunk template covers the group
     # operands finished inside the kernels, by scan-operand node: the chunk kernels take plain inputs and a query's
     # per-head factor (they split each key row over programs), the delta rule's also a query's l2norm (delta.QUERY_NORM:
-    # its reads are linear in each query row, scaled after the products); the recurrent kernel, which holds whole key
-    # rows, also l2norms, per-token factors and signs of key-side operands
+    # its reads are linear in each query row, scaled after the products) and an erase key's l2norm with its sign or
+    # per-head factor (delta.KEY_NORM: its forward's first kernel finishes them for the others); the recurrent kernel,
+    # which holds whole key rows, also l2norms, per-token factors and signs of key-side operands
     finished_train: tuple[tuple[int, Form], ...] = ()
     finished_decode: tuple[tuple[int, Form], ...] = ()
     # the token's writes in order (one for the additive and delta rules), and the sub-step each read sits at
@@ -190,7 +191,8 @@ def _group(g: ir.Graph, cls: Classification, nodes: dict[int, dict], states: tup
     train = None if missing else _train(s, decay, reads[0], normaliser is not None, erase)
     decoding = reads and not _update_missing(s)
     decode = Kernels(recurrent.FAMILY, (("rule", s.rule), ("decay", decay.kind), ("reads", "_".join(reads)), *erase), ("kernel",)) if decoding else None
-    forms = _Forms(nodes, query_norm=train is not None and _TEMPLATES[train.template].QUERY_NORM)
+    host = _TEMPLATES[train.template] if train is not None else None
+    forms = _Forms(nodes, query_norm=host is not None and host.QUERY_NORM, key_norm=host is not None and host.KEY_NORM)
     return ScanGroup(states, normaliser, s.rule, decay, reads, s.key_dim, tuple(cls.scan(st).value_dim for st in states),
                      CHUNK_VECTOR_DECAY if decay.kind in ("key", "value") else CHUNK_SCALAR_DECAY, train, decode, tuple(missing),
                      tuple(forms.of(s, finished=False).items()), tuple(forms.of(s, finished=True).items()),
@@ -274,9 +276,10 @@ def _train(s: Scan, decay: Decay, read: str, ones: bool, erase: tuple[tuple[str,
 class _Forms:
     """The scan operands kernels can read straight from the caller's tensors (Form), found on the IR."""
 
-    def __init__(self, nodes: dict[int, dict], query_norm: bool = False):
+    def __init__(self, nodes: dict[int, dict], query_norm: bool = False, key_norm: bool = False):
         self.nodes = nodes
         self.query_norm = query_norm  # the chunk kernels l2-normalise a query themselves
+        self.key_norm = key_norm  # and an erase key, with its sign or per-head factor
 
     def per_head_constant(self, n: int) -> tuple[str, ...] | None:
         """The params a per-head constant reads (empty: none), or None when n is not one."""
@@ -317,12 +320,14 @@ class _Forms:
                     return Form(inner.input, inner.factor, inner.negate, inner.norm, self.plain_input(f), inner.params)
         return None
 
-    def key_side(self, n: int | None, query: bool, finished: bool) -> Form | None:
+    def key_side(self, n: int | None, query: bool, finished: bool, erase: bool = False) -> Form | None:
         found = self.form(n) if n is not None else None
         if found is None or (query and found.token is not None):
             return None
         if finished:
             return found
+        if erase:  # the chunk kernels finish an erase key's l2norm with its factor and sign, where they do
+            return found if self.key_norm and found.norm and found.token is None else None
         if found.negate or found.token is not None:
             return None
         if query:  # the chunk kernels take a query's per-head factor, and its l2norm where they finish it
@@ -337,9 +342,9 @@ class _Forms:
         for n in (s.write_value, s.log_decay):
             if n is not None and self.plain_input(n):
                 out[n] = Form(self.plain_input(n))
-        keys = ((s.write_key, False), *(((s.erase_key, False),) if finished else ()), *((r.query, True) for r in s.reads))
-        for n, query in keys:
-            found = self.key_side(n, query, finished)
+        keys = ((s.write_key, False, False), (s.erase_key, False, True), *((r.query, True, False) for r in s.reads))
+        for n, query, erase in keys:
+            found = self.key_side(n, query, finished, erase)
             if found is not None:
                 out[n] = found
         return out

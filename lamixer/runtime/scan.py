@@ -212,6 +212,14 @@ class KeyForm:
     token: torch.Tensor | None = None  # a per-token scalar [B, T, H] (any strides)
     factor: torch.Tensor | None = None  # a per-head factor [H]
 
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, H, K] as the kernel uses it, made in torch."""
+        if self.norm:
+            x = ops.normalize("l2norm", x)
+        if self.token is not None:
+            x = x * self.token.to(x.dtype).unsqueeze(-1)
+        return x if self.factor is None else x * self.factor.to(x.dtype).view(-1, 1)
+
 
 # a read's position in the token's update (the kernel plan names them): (sees the decay, sees the write)
 POSITIONS = {"before": (False, False), "mid": (True, False), "after": (True, True)}
@@ -280,7 +288,15 @@ class ScanOperands:
         """These operands with the write keys a = -strength c made, where a strength gives them."""
         if self.strength is None:
             return self
-        return replace(self, a=-self.strength * self.c, strength=None)
+        made = self.with_erase_keys()  # the write keys are made from the erase keys as the scan uses them
+        return replace(made, a=-made.strength * made.c, strength=None)
+
+    def with_erase_keys(self) -> ScanOperands:
+        """These operands with the erase keys finished in torch where they have a form (runtime.scan.KeyForm)."""
+        if "c" not in self.forms:
+            return self
+        forms = {k: f for k, f in self.forms.items() if k != "c"}
+        return replace(self, c=self.forms["c"].finish(self.c), forms=forms)
 
     def sub_token_reads(self) -> ScanOperands:
         """These operands with a query row per sub-token: each token's copied to its sub_steps rows."""
