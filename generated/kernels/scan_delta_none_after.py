@@ -792,17 +792,7 @@ def scan_delta_none_after_float32_bwd_grad_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < K
     m_tk = m_t[:, None] & m_k[None, :]
-    if STRENGTH:
-        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_sw = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT] -s
-        b_a = (b_c * b_sw[:, None]).to(c.dtype.element_ty)
-    else:
-        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
-    if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-        b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
-    if QNORM:  # loaded with the operands, used after the value loop
+    if QNORM:  # used after the value loop
         b_rq = tl.load(rq + (t // QN) * H + i_h, mask=m_t, other=0.)[:, None]
     if USE_QS:  # likewise the query's per-head factor
         b_qs = tl.load(qs + i_h)
@@ -829,6 +819,18 @@ def scan_delta_none_after_float32_bwd_grad_kernel(
         b_dc += tl.dot((b_dR).to(a.dtype.element_ty), (tl.trans(b_h)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_dM += tl.dot((b_dR).to(a.dtype.element_ty), (tl.trans(b_u)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
         b_da += tl.dot((b_u).to(a.dtype.element_ty), (tl.trans(b_dhe)).to(a.dtype.element_ty), input_precision=ACC_PRECISION)
+    # the keys and queries, which only the terms after the value loop read, loaded here: live across the loop they
+    # spilled (bench/results/NOTES.md)
+    if STRENGTH:
+        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_sw = -tl.load(a + t * H + i_h, mask=m_t, other=0.).to(tl.float32)  # [BT] -s
+        b_a = (b_c * b_sw[:, None]).to(c.dtype.element_ty)
+    else:
+        b_a = tl.load(a + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+        b_c = tl.load(c + (t[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    b_q = tl.load(q + ((t // QN)[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0.)  # [rows, BK]
+    if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
+        b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     if QNORM:
         b_dq, b_dA = b_dq * b_rq, b_dA * b_rq
     b_dq = b_dq.to(tl.float32)
