@@ -34,11 +34,12 @@ class Config:
 def default_config(decay: str, K: int, V: int) -> Config:
     """chunk_additive's default (the measurements behind each choice: bench/results/NOTES.md, "Where the kernels'
     defaults come from"). A whole key row per program; without a decay along the key dim the gradient kernel takes
-    32-wide value blocks on 8 warps and the output kernel wider ones on 4: each kernel at its own best. Above K = 128
-    the chunk-parallel kernels' tiles outgrow a Hopper block's shared memory at 64-token chunks and two stages:
-    32-token chunks, one stage, 32-wide value blocks in the gradient kernel. A decay along the key dim: the walks
-    split the key dim, so each key's decay is computed once rather than once per value block; the chunk-parallel
-    kernels on 64-wide blocks of both dims, 4 warps and two stages, the gradient kernel on 8."""
+    32-wide value blocks (64 under a scalar decay) on 8 warps (4 without a decay) and the output kernel wider ones on
+    4: each kernel at its own best. Above K = 128 the chunk-parallel kernels' tiles outgrow a Hopper block's shared
+    memory at 64-token chunks and two stages: 32-token chunks, one stage, 32-wide value blocks in the gradient
+    kernel. A decay along the key dim: the walks split the key dim, so each key's decay is computed once rather than
+    once per value block; the chunk-parallel kernels on 64-wide blocks of both dims, 4 warps and two stages, the
+    gradient kernel on 8."""
     if K > 128:
         walk = (min(32, pow2(K)), min(128, pow2(V))) if decay == "key" else (pow2(K), min(32, pow2(V)))
         return Config(32, min(64, pow2(V)), walk[0], 8, 1, walk[1], min(32, pow2(V)), 8)
@@ -47,8 +48,12 @@ def default_config(decay: str, K: int, V: int) -> Config:
     # the output kernel of a scalar decay (or none) reads q and a once per value block: whole 128-wide rows read them
     # once; a decay along the value dim holds float32 states there, which spill at 128 wide: 64
     BV = min(64 if decay == "value" else 128, pow2(V))
-    if decay == "scalar":  # 64-wide walk and gradient blocks; three stages, 1 % faster at bf16, overflow float32's shared memory
+    # 64-wide walk blocks (32 under a decay along the value dim, whose states are float32); three stages, 1-4 %
+    # faster at bf16, overflow float32's shared memory
+    if decay == "scalar":  # 64-wide gradient blocks on 8 warps
         return Config(64, BV, pow2(K), 4, 2, min(64, pow2(V)), min(64, pow2(V)), 8)
+    if decay == "none":  # a gradient kernel without decay terms: 32-wide value blocks on 4 warps
+        return Config(64, BV, pow2(K), 4, 2, min(64, pow2(V)), min(32, pow2(V)), 4)
     return Config(64, BV, pow2(K), 4, 2, min(32, pow2(V)), min(32, pow2(V)), 8)
 
 
