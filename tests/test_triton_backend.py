@@ -516,3 +516,19 @@ def test_what_fuse_compiles_traces_to_one_graph(name):
     torch._dynamo.reset()
     explained = torch._dynamo.explain(lambda c: triton_backend._evaluate(c, m.compiled, *choices))(dataclasses.replace(call, memo=None))
     assert explained.graph_count == 1, [str(b.reason)[:300] for b in explained.break_reasons]
+
+
+def test_the_walks_narrow_their_value_block_when_their_grid_leaves_the_device_idle(monkeypatch):
+    """chunk_additive's walks take launch.state_value_block's value block, their programs counted per key block: 32
+    sequences x heads of 128 values narrow 64 to 32 (128 programs fit an H200's 132 multiprocessors), 64 keep 64, and
+    the same 32 split over four key blocks keep 64; off a GPU the configuration's block stands."""
+    from lamixer.kernels import additive, launch
+    from lamixer.kernels.config import Config
+
+    monkeypatch.setattr(launch, "_multiprocessors", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    whole, split = Config(64, 128, 128, 4, 2, 64), Config(64, 128, 32, 4, 2, 64)
+    assert additive.walk_blocks(whole, 128, 128, 32, gpu) == (32, 64, 128)
+    assert additive.walk_blocks(whole, 128, 128, 64, gpu) == (64, 64, 128)
+    assert additive.walk_blocks(split, 128, 128, 32, gpu) == (64, 32, 32)
+    assert additive.walk_blocks(whole, 128, 128, 32, torch.device("cpu")) == (64, 64, 128)

@@ -21,12 +21,13 @@ MAX_HEAD_DIM = 256  # a whole key (or value) row of the state sits in one progra
 
 
 def state_value_block(BW: int, V: int, walks: int, device: torch.device) -> int:
-    """The value block of a sequential state pass run as `walks` programs (sequence x head) per value block: the
-    configuration's BW (V's power of two at most), halved while the halved block's grid still fits one wave of the
-    device's multiprocessors, down to 32 (the narrowest these passes were run at on a GPU). Each program walks every
+    """The value block of a sequential state pass (scan_delta's, chunk_additive's walks) run as `walks` programs
+    (sequence x head, times key blocks where a pass splits the key dim) per value block: the configuration's BW (V's
+    power of two at most), halved while the halved block's grid still fits one wave of the device's multiprocessors,
+    down to 32 (the narrowest these passes were run at on a GPU). Each program walks every
     chunk in turn: where programs are fewer than multiprocessors, a narrower block shortens each step of that path on
     an idle device, where they are more, it only adds programs (bench/results/NOTES.md, "the strengths' backward,
-    timed")."""
+    timed", and "2026-12-04 (fourth)")."""
     BW = min(BW, pow2(V))
     if device.type != "cuda":
         return BW

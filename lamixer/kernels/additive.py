@@ -5,7 +5,7 @@ import torch
 
 from ..runtime.scan import ScanOperands
 from .config import Config
-from .launch import ACC_NAMES, NAMESPACE, PRECISION, acc_precision, cdiv, chunks, diagonal_span, pow2, run_scan_op, state_key_block, state_stages
+from .launch import ACC_NAMES, NAMESPACE, PRECISION, acc_precision, cdiv, chunks, diagonal_span, pow2, run_scan_op, state_key_block, state_stages, state_value_block
 from .loader import kernels
 
 
@@ -94,9 +94,9 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     precise = dict(ACC_PRECISION=acc_precision(h0.dtype, FLOAT32_DOTS)) if per_value else {}  # float32 states' dots
     if N * H:
-        BK, KB = walk_key_blocks(c, K)
-        getattr(mod, f"{mod.NAME}_state_fwd")[(cdiv(V, c.BW), N * H, cdiv(K, KB))](
-            a, b, g, h0, hs, ht, *z, cu_seqlens, offsets, T, BV=c.BW, KB=KB, STORE_HT=True, num_warps=4,
+        BW, BK, KB = walk_blocks(c, K, V, N * H, b.device)
+        getattr(mod, f"{mod.NAME}_state_fwd")[(cdiv(V, BW), N * H, cdiv(K, KB))](
+            a, b, g, h0, hs, ht, *z, cu_seqlens, offsets, T, BV=BW, KB=KB, STORE_HT=True, num_warps=4,
             num_stages=state_stages(a.dtype, K), **dict(common, BK=BK), **precise,
         )  # fmt: skip
     if NC * H and per_value:  # the output through the entering states, then the chunk's writes (the template's header)
@@ -170,9 +170,9 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=pow2(K), USE_QS=qs is not None, IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     precise = dict(ACC_PRECISION=acc_precision(acc, FLOAT32_DOTS)) if decay == "value" else {}  # float32 states' dots
     if N * H:
-        BK, KB = walk_key_blocks(c, K)
-        getattr(mod, f"{mod.NAME}_state_bwd")[(cdiv(V, c.BW), N * H, cdiv(K, KB))](
-            q, qs, g, do, dht, dhs, dh0, *((doz, dzt, dzs, dz0) if ones else ()), cu_seqlens, offsets, T, BV=c.BW, KB=KB, num_warps=4,
+        BW, BK, KB = walk_blocks(c, K, V, N * H, q.device)
+        getattr(mod, f"{mod.NAME}_state_bwd")[(cdiv(V, BW), N * H, cdiv(K, KB))](
+            q, qs, g, do, dht, dhs, dh0, *((doz, dzt, dzs, dz0) if ones else ()), cu_seqlens, offsets, T, BV=BW, KB=KB, num_warps=4,
             num_stages=state_stages(q.dtype, K), **dict(common, BK=BK), **precise,
         )  # fmt: skip
     if NC * H == 0:
@@ -298,11 +298,12 @@ def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: l
     return run_scan_op(chunk_scan, _EagerChunkScan, _chunk_forward, args, (q, a, b, g, h0, z0), n=4)
 
 
-def walk_key_blocks(c: Config, K: int) -> tuple[int, int]:
-    """chunk_additive's walks: (BK, KB), the key block and the key rows one program holds (c.BK, at most the whole
-    key dim: fewer split the key dim over programs)."""
+def walk_blocks(c: Config, K: int, V: int, NH: int, device: torch.device) -> tuple[int, int, int]:
+    """chunk_additive's walks over NH sequences x heads: (BW, BK, KB), the value block (c.BW, narrower where the
+    grid would leave multiprocessors idle: launch.state_value_block), the key block, and the key rows one program
+    holds (c.BK, at most the whole key dim: fewer split the key dim over programs)."""
     KB = min(c.BK, pow2(K))
-    return min(state_key_block(K), KB), KB
+    return state_value_block(c.BW, V, NH * cdiv(K, KB), device), min(state_key_block(K), KB), KB
 
 
 def scan(ops: ScanOperands, dtype: torch.dtype, config: Config, decay: str | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:
