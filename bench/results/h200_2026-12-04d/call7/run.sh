@@ -1,0 +1,1 @@
+cd .kwt/src; export TORCHINDUCTOR_CACHE_DIR=/tmp/ind_src PYTHONPATH=$PWD TRITON_CACHE_DIR=/tmp/tcache; printf ... > /tmp/L.py; timeout -k 5 -s INT 100 python /tmp/L.py bench lln --vs sdpa --lengths 8192 --no-decode --out $OUT/lln
