@@ -525,7 +525,7 @@ def test_the_walks_narrow_their_value_block_when_their_grid_leaves_the_device_id
     from lamixer.kernels import additive, launch
     from lamixer.kernels.config import Config
 
-    monkeypatch.setattr(launch, "_multiprocessors", lambda index: 132)
+    monkeypatch.setattr(launch, "_sm_count", lambda index: 132)
     gpu = torch.device("cuda", 0)
     whole, split = Config(64, 128, 128, 4, 2, 64), Config(64, 128, 32, 4, 2, 64)
     assert additive.walk_blocks(whole, 128, 128, 32, gpu) == (32, 64, 128)

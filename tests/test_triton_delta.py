@@ -317,7 +317,7 @@ def test_the_state_passes_narrow_their_value_block_on_a_device_they_leave_idle(m
     configuration's 64, one walk's 128 stops at 32; off a GPU the configuration's block stands, at most V's."""
     from lamixer.kernels import launch
 
-    monkeypatch.setattr(launch, "_multiprocessors", lambda index: 132)
+    monkeypatch.setattr(launch, "_sm_count", lambda index: 132)
     gpu = torch.device("cuda", 0)
     assert launch.state_value_block(64, 128, 32, gpu) == 32
     assert launch.state_value_block(64, 128, 64, gpu) == 64

@@ -21,16 +21,11 @@ import functools
 import torch
 
 from ..runtime.scan import KeyForm, ScanOperands
-from .launch import ACC_NAMES, NAMESPACE, pow2
+from .launch import ACC_NAMES, NAMESPACE, multiprocessors, pow2
 from .loader import kernels
 
 FAMILY = "recurrent"  # the template
 MAX_T = 64  # the longest sequence the recurrent kernel takes (see the module docstring)
-
-
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 # num_warps for a [BK, BV] state block, and the widest value block per BK: from ptxas's register counts for sm_90
@@ -48,7 +43,7 @@ def blocks(K: int, V: int, programs: int, device: torch.device) -> tuple[int, in
     (value block, sequence x head) programs fill fewer than two waves of the GPU's multiprocessors."""
     BK = pow2(K)
     BV = min(pow2(V), WIDEST[BK])
-    while BV > 16 and programs * -(-V // BV) < 2 * _multiprocessors(device):
+    while BV > 16 and programs * -(-V // BV) < 2 * multiprocessors(device):
         BV //= 2
     return BK, BV, WARPS[(BK, BV)]
 

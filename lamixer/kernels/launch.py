@@ -31,14 +31,21 @@ def state_value_block(BW: int, V: int, walks: int, device: torch.device) -> int:
     BW = min(BW, pow2(V))
     if device.type != "cuda":
         return BW
-    sms = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+    sms = multiprocessors(device)
     while BW > 32 and walks * cdiv(V, BW // 2) <= sms:
         BW //= 2
     return BW
 
 
+def multiprocessors(device: torch.device) -> int:
+    """The device's streaming multiprocessors (a CUDA GPU's; 1 for any other device)."""
+    if device.type != "cuda":
+        return 1
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.cache
-def _multiprocessors(index: int) -> int:
+def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
