@@ -263,6 +263,27 @@ out o = scale * l2norm(q) @ S
             assert not program(c, dict(group.finished_decode), decoding=True).strengths, name  # it takes the write keys
 
 
+def test_the_delta_chunk_kernels_take_only_the_norms_they_finish():
+    """delta.scan reads a query's l2norm and an erase key's l2norm with its per-head factor off the operands' forms,
+    and refuses any other form rather than leave it unapplied."""
+    import types
+
+    from lamixer.runtime.scan import KeyForm
+
+    def norms(**forms):
+        return triton_delta._norms(types.SimpleNamespace(forms=forms), torch.float32)
+
+    sign = torch.tensor([-1.0, -1.0])
+    assert norms() == (False, False, None)
+    assert norms(q0=KeyForm(norm=True)) == (True, False, None)
+    qnorm, knorm, factor = norms(q0=KeyForm(norm=True), c=KeyForm(norm=True, factor=sign))
+    assert qnorm and knorm and torch.equal(factor, sign)
+    for forms in (dict(a=KeyForm(norm=True)), dict(c=KeyForm(factor=sign)), dict(c=KeyForm(norm=True, token=sign)),
+                  dict(q0=KeyForm(norm=True, factor=sign))):  # fmt: skip
+        with pytest.raises(ValueError, match="finish a query's l2norm"):
+            norms(**forms)
+
+
 @pytest.mark.parametrize("rows", [{6: 1e-3, 40: 1e3, 41: 1e3}, {5: 0., 7: 1e-14}], ids=["scaled", "below the floor"])
 @pytest.mark.parametrize("operand", ["q", "k"])
 @pytest.mark.parametrize("name", ["gated_deltanet", os.path.join(EXAMPLES, "gated_delta_vector.lam")], ids=os.path.basename)

@@ -476,27 +476,21 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config) -> tuple[list[to
     sub_steps, step = (ops.sub_steps, ops.read_steps[0]) if ops.sub_steps > 1 else (1, 0)  # the read's rows (its hint)
     qn = ops.sub_steps if ops.reads_per_token else 1
     decay_step = -1 if ops.decay_step is None else ops.decay_step
-    knorm, cs = _key_norm(ops, acc)
+    qnorm, knorm, cs = _norms(ops, acc)
     args = (q, qs, a, b, c, g, h0, ops.cu_seqlens, ops.decay, read, config.as_list(), erase_before, sub_steps, step, qn, strength, decay_step,
-            _query_norm(ops), knorm, cs)  # fmt: skip
+            qnorm, knorm, cs)  # fmt: skip
     o, ht = run_scan_op(delta_scan, _EagerDeltaScan, _delta_forward, args, (q, a, b, c, g, h0))
     return [o], ht
 
 
-def _query_norm(ops: ScanOperands) -> bool:
-    """Whether the kernels l2-normalise the query (its KeyForm). The kernel plan gives these kernels a query's l2norm
-    and an erase key's l2norm with its per-head factor (_key_norm), no other form."""
-    others = {name: f for name, f in ops.forms.items()
-              if not (name == "q0" and f.token is None and f.factor is None) and not (name == "c" and f.norm and f.token is None)}  # fmt: skip
-    if others:
-        raise ValueError(f"delta_scan: the chunk kernels finish a query's l2norm and an erase key's, not {sorted(others)}")
-    return "q0" in ops.forms and ops.forms["q0"].norm
-
-
-def _key_norm(ops: ScanOperands, acc: torch.dtype) -> tuple[bool, torch.Tensor | None]:
-    """Whether the kernels l2-normalise the erase keys, and their per-head factor [H] in `acc` (its sign included;
-    None: 1)."""
-    form = ops.forms.get("c")
-    if form is None:
-        return False, None
-    return True, None if form.factor is None else form.factor.to(acc).contiguous()
+def _norms(ops: ScanOperands, acc: torch.dtype) -> tuple[bool, bool, torch.Tensor | None]:
+    """What the kernels finish (the operands' KeyForms): whether they l2-normalise the query, whether they l2-normalise
+    the erase keys, and the erase keys' per-head factor [H] in `acc` (its sign included; None: 1). The kernel plan
+    gives these kernels no other form."""
+    query, key = ops.forms.get("q0"), ops.forms.get("c")
+    query_ok = query is None or (query.token is None and query.factor is None)  # its factor is a query_factor
+    key_ok = key is None or (key.norm and key.token is None)
+    if set(ops.forms) - {"q0", "c"} or not query_ok or not key_ok:
+        raise ValueError(f"delta_scan: the chunk kernels finish a query's l2norm and an erase key's, not {sorted(ops.forms)}")
+    factor = None if key is None or key.factor is None else key.factor.to(acc).contiguous()
+    return query is not None and query.norm, key is not None, factor
