@@ -82,8 +82,7 @@ def scan_delta_none_after_float32_prepare_kernel(
                 if STRENGTH:
                     b_kk = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_M, 0.), axis=1)
                     b_M = tl.where(m_s, b_M, 0.)
-                # the erase keys' l2norm: 1 / max(||k||, 1e-12) per row into b_rc (the floor as lamixer.runtime.ops.normalize's,
-                # NORM_FLOOR, in the accumulator's type), and the rows' scales b_cs with cs_h
+                # the erase keys' l2norm: 1 / max(||k||, 1e-12) per row into b_rc, and the rows' scales b_cs with cs_h
                 b_rc = 1. / tl.maximum(tl.sqrt(b_kk), tl.full([], 1e-12, tl.float32))
                 b_cs = b_rc
                 if USE_CS:  # the erase keys' per-head factor, their sign included
@@ -150,8 +149,7 @@ def scan_delta_none_after_float32_prepare_kernel(
                 if STRENGTH:
                     b_kk = tl.sum(tl.where(o_t[:, None] == o_t[None, :], b_M, 0.), axis=1)
                     b_M = tl.where(m_s, b_M, 0.)
-                # the erase keys' l2norm: 1 / max(||k||, 1e-12) per row into b_rc (the floor as lamixer.runtime.ops.normalize's,
-                # NORM_FLOOR, in the accumulator's type), and the rows' scales b_cs with cs_h
+                # the erase keys' l2norm: 1 / max(||k||, 1e-12) per row into b_rc, and the rows' scales b_cs with cs_h
                 b_rc = 1. / tl.maximum(tl.sqrt(b_kk), tl.full([], 1e-12, tl.float32))
                 b_cs = b_rc
                 if USE_CS:  # the erase keys' per-head factor, their sign included
@@ -509,9 +507,7 @@ def scan_delta_none_after_float32_output_kernel(
     if bad:
         b_o = tl.where(o_r[:, None] >= first[None, :], float("nan"), b_o)
     if QNORM:  # o is linear in each query row
-        b_norm = tl.sqrt(b_qq)  # [BT / NSUB]
-        # x / max(||x||, 1e-12) as lamixer.runtime.ops.normalize (NORM_FLOOR), the floor in the accumulator's type
-        b_rq = 1. / tl.maximum(b_norm, tl.full([], 1e-12, tl.float32))
+        b_rq = 1. / tl.maximum(tl.sqrt(b_qq), tl.full([], 1e-12, tl.float32))  # [BT / NSUB]
         b_o = b_o * b_rq[:, None]
         if i_v == 0:
             tl.store(rq + (t_r // QN) * H + i_h, b_rq.to(rq.dtype.element_ty), mask=m_r)
