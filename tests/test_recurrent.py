@@ -313,3 +313,18 @@ def test_random_mixers_infer_as_the_interpreter_does(launches):
     check()
     finished = [forms for forms, *_ in launches.finished if forms and (any(forms[0]) or any(x is not None for x in forms[1:]))]
     assert len(ran) > 50 and len(finished) > 5, (len(ran), len(finished))
+
+
+def test_the_value_block_narrows_until_the_programs_fill_two_waves(monkeypatch):
+    """recurrent.blocks: the widest value block WIDEST allows, halved (down to 16) while the (value block, sequence x
+    head) programs fill fewer than two waves of the device's multiprocessors (launch.multiprocessors: 132 on an
+    H200, 1 off a GPU)."""
+    from lamixer.kernels import launch
+
+    monkeypatch.setattr(launch, "_sm_count", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    assert recurrent.blocks(128, 128, 4, gpu) == (128, 16, recurrent.WARPS[(128, 16)])  # 32 programs at 16 wide
+    assert recurrent.blocks(128, 128, 66, gpu) == (128, 32, recurrent.WARPS[(128, 32)])  # 264 programs at 32 wide
+    assert recurrent.blocks(64, 64, 40, gpu) == (64, 16, recurrent.WARPS[(64, 16)])  # 160 at 16 wide, still one wave
+    assert recurrent.blocks(64, 64, 200, gpu) == (64, 32, recurrent.WARPS[(64, 32)])
+    assert recurrent.blocks(128, 128, 1, torch.device("cpu")) == (128, 32, recurrent.WARPS[(128, 32)])  # 4 programs >= 2
