@@ -12,5 +12,6 @@ if bt:  # every chunk_additive group at BT-token chunks, the rest of its configu
         return dataclasses.replace(c, BT=bt) if group.train.template == "chunk_additive" else c
     ch.choose = patched
 from lamixer.tools.cli import main  # noqa: E402
+
 sys.argv[0] = "lamixer"
 main()
