@@ -150,12 +150,13 @@ def test_strong_constant_in_float32_on_a_partial_chunk():
 
 def test_a_compiled_package_runs_the_constant_kernels(tmp_path, monkeypatch):
     """`lamixer compile`: the package's scans.py tells the host code the decay its kernels were rendered for, and its
-    training call runs the same kernels as lamixer's triton backend, bit for bit (d(w) included)."""
+    training call runs the same kernels as lamixer's triton backend: the gradients bit for bit (d(w) included), o to
+    float32's rounding."""
     import importlib
     import sys
 
     from lamixer.emit.write import write
-    from lamixer.tools.check import forward_backward
+    from lamixer.tools.check import forward_backward, rel_rms
 
     m = lamixer.loads(_learned("mid"))
     write([m.compiled], tmp_path)
@@ -168,4 +169,7 @@ def test_a_compiled_package_runs_the_constant_kernels(tmp_path, monkeypatch):
     want = forward_backward(m, tensors, states, "triton")
     assert f"{m.compiled.name}.kernels.chunk_additive_constant_mid" in sys.modules
     for k, ref in want.items():
-        assert torch.equal(got[k], ref), k
+        if k == "o":  # the package scales q in torch, the backend's output kernel weighs o's rows: float32's rounding apart
+            assert rel_rms(got[k], ref) < 1e-6, k
+        else:
+            assert torch.equal(got[k], ref), k

@@ -110,13 +110,12 @@ def chunk_additive_constant_after_float32_output_fwd(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-        b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # this sequence's log decay per token, this head
     b_E = (o_t + 1).to(tl.float32) * b_c  # [BT]
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-    b_qd = (b_q * tl.exp(b_E)[:, None]).to(b_q.dtype)
-    b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
+    # o is linear in q, so the decay's row scales and the query's factor weigh the products' rows in the accumulator,
+    # and both dots read q as loaded: a scaled copy of the [BT, BK] tile would take its own registers
+    b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PRECISION) * tl.exp(b_E)[:, None]  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]
     b_W = tl.exp(tl.where(m_ij, (o_t[:, None] - o_t[None, :]).to(tl.float32) * b_c, float("-inf")))  # [BT, BT]
     b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
@@ -131,6 +130,8 @@ def chunk_additive_constant_after_float32_output_fwd(
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
     if bad:
         b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
+    if USE_QS:  # the query's per-head factor (e.g. the read-out scale)
+        b_o = b_o * tl.load(qs + i_h)
     tl.store(o + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 

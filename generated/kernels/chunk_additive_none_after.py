@@ -105,11 +105,10 @@ def chunk_additive_none_after_float32_output_fwd(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
-    if USE_QS:  # the query's per-head factor (e.g. the read-out scale), applied here instead of in a pass over q
-        b_q = (b_q * tl.load(qs + i_h)).to(q.dtype.element_ty)
     b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-    b_qd = (b_q).to(b_q.dtype)
-    b_o = tl.dot(b_qd, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
+    # o is linear in q, so the decay's row scales and the query's factor weigh the products' rows in the accumulator,
+    # and both dots read q as loaded: a scaled copy of the [BT, BK] tile would take its own registers
+    b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PRECISION)  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]
     b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     # the read mask selected (weigh_pairs' masked form inside), not weighed by 0 (causal.jinja)
@@ -123,6 +122,8 @@ def chunk_additive_none_after_float32_output_fwd(
     b_o += tl.dot(b_A.to(b_b.dtype), b_b, input_precision=PRECISION)
     if bad:
         b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
+    if USE_QS:  # the query's per-head factor (e.g. the read-out scale)
+        b_o = b_o * tl.load(qs + i_h)
     tl.store(o + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
