@@ -532,3 +532,13 @@ def test_the_walks_narrow_their_value_block_when_their_grid_leaves_the_device_id
     assert additive.walk_blocks(whole, 128, 128, 64, gpu) == (64, 64, 128)
     assert additive.walk_blocks(split, 128, 128, 32, gpu) == (64, 32, 32)
     assert additive.walk_blocks(whole, 128, 128, 32, torch.device("cpu")) == (64, 64, 128)
+
+
+def test_a_walk_that_loads_no_per_token_decay_pipelines_one_stage_more():
+    """The sequential passes' stages: three for 2-byte tiles, four where the pass loads no per-token decay, two for
+    float32 tiles whatever the decay, one fewer above K = 128."""
+    from lamixer.kernels.launch import state_stages
+
+    assert [state_stages(torch.bfloat16, 128, token_decay=d) for d in (True, False)] == [3, 4]
+    assert [state_stages(torch.float32, 128, token_decay=d) for d in (True, False)] == [2, 2]
+    assert [state_stages(torch.float16, 256, token_decay=d) for d in (True, False)] == [2, 3]

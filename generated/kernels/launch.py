@@ -97,11 +97,13 @@ def state_key_block(K: int) -> int:
     return min(64, pow2(K))
 
 
-def state_stages(work: torch.dtype, K: int) -> int:
+def state_stages(work: torch.dtype, K: int, token_decay: bool = True) -> int:
     """The sequential state passes' pipeline stages, whatever the configuration's: three for 2-byte intermediates (each
-    stage fewer roughly doubles a pass's time), two for float32 ones; above K = 128 one fewer, as more would not fit
-    a Hopper block's shared memory (bench/results/NOTES.md, "Where the kernels' defaults come from")."""
-    stages = 3 if work.itemsize == 2 else 2
+    stage fewer roughly doubles a pass's time), four where the pass loads no per-token decay (token_decay false: its
+    loads are the key and value tiles alone, and a fourth stage shortens a long sequence's walk by up to a fifth),
+    two for float32 ones; above K = 128 one fewer, as more would not fit a Hopper block's shared memory
+    (bench/results/NOTES.md, "Where the kernels' defaults come from")."""
+    stages = (3 if token_decay else 4) if work.itemsize == 2 else 2
     return stages if K <= 128 else stages - 1
 
 
