@@ -1,0 +1,3 @@
+cd .kwt/src; export TORCHINDUCTOR_CACHE_DIR=/tmp/ind_src PYTHONPATH=$PWD
+for s in gsa rwkv6; do timeout -k 5 -s INT 130 python /tmp/L.py bench $s --vs fla --lengths 2048,8192 --no-decode --out $OUT/$s 2>&1 | grep -A18 "┃ op"; done
+(cd /tmp/tcache && find . -name "*.autotune.json" | tar czf $OUT/fla_autotune_all.tgz -T -)
