@@ -31,7 +31,8 @@ def test_a_peer_is_called_with_the_tensors_its_entry_names(monkeypatch):
     assert kwargs == {"flag": True, "gk": t["g"], "initial_state": "h0", "output_final_state": True}
 
 
-# ---- the adapters' mappings (lamixer/tools/fla_adapters.py) against the interpreter, FLA's ops stood in for ----
+# ---- the entries' mappings (adapters in lamixer/tools/fla_adapters.py or FLA's ops as they are) against the
+# interpreter, FLA's ops stood in for ----
 # Each stand-in is the op as FLA documents it, token by token in float64 (FLA itself needs a GPU): the test finds a
 # wrong interleaving, sign, a and b swapped, a missing l2norm or bonus, or a wrong scale in an entry.
 
@@ -108,17 +109,48 @@ def fused_recurrent_rwkv7(r, w, k, v, a, b, scale=None, initial_state=None, outp
     return _dplr(r, w, k, v, a, b, r.shape[-1] ** -0.5 if scale is None else scale, initial_state)
 
 
+def _gated(q, k, v, g, scale, initial_state, bonus=None):
+    """Gated linear attention: S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = scale q_t^T S_t; with a bonus u [H, K]
+    (RWKV-6) the state read is the one before the token's update, plus (q_t . (u k_t)) v_t."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+
+    def step(S, q, k, v, g):
+        write = k[..., None] * v[..., None, :]
+        after = torch.exp(g)[..., None] * S + write
+        read = after if bonus is None else S + bonus[..., None] * write
+        return scale * torch.einsum("bhkv,bhk->bhv", read, q), after
+
+    return _tokens(step, _zero_state(k, v) if initial_state is None else initial_state, q, k, v, g)
+
+
+def chunk_gla(q, k, v, g, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    return _gated(q, k, v, g, scale, initial_state)
+
+
+def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    return _gated(q, k, v, gk, scale, initial_state)
+
+
+def chunk_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    return _gated(r, k, v, w, scale, initial_state, bonus=u)
+
+
+def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    return _gated(r, k, v, w, scale, initial_state, bonus=u)
+
+
 @pytest.fixture
 def fla_stand_ins(monkeypatch):
     for name, fns in {"fla.ops.gated_delta_product": [chunk_gated_delta_product], "fla.ops.gated_delta_rule": [fused_recurrent_gated_delta_rule],
-                      "fla.ops.rwkv7": [chunk_rwkv7, fused_recurrent_rwkv7]}.items():  # fmt: skip
+                      "fla.ops.rwkv7": [chunk_rwkv7, fused_recurrent_rwkv7], "fla.ops.gla": [chunk_gla, fused_recurrent_gla],
+                      "fla.ops.rwkv6": [chunk_rwkv6, fused_recurrent_rwkv6]}.items():  # fmt: skip
         module = types.ModuleType(name)
         for fn in fns:
             setattr(module, fn.__name__, fn)
         monkeypatch.setitem(sys.modules, name, module)
 
 
-@pytest.mark.parametrize("name", ["gated_deltaproduct", "rwkv7"])
+@pytest.mark.parametrize("name", ["gated_deltaproduct", "rwkv7", "hgrn2", "rwkv6", "gla"])
 @pytest.mark.parametrize("when", ["chunk", "decode"])
 def test_an_adapted_peer_computes_the_spec(name, when, fla_stand_ins):
     m = lamixer.load(name)

@@ -9,6 +9,8 @@ names these functions as its peers; each imports FLA when called, so nothing her
   o_t = scale r_t^T S_t; lamixer's spec writes outer(-(alpha * kh), kh @ S) with kh = l2norm(kappa), so a = -kh and
   b = kh * alpha (RWKV-7's own convention). FLA's op leaves the bonus (r . (r_k * k)) v to its layer: it is added
   here, as the spec's output has it.
+- HGRN2: FLA runs it as its layer does, gated linear attention with the key tied to the forget gate, k = 1 - exp(g)
+  (the spec's `let k`), made here from g.
 
 Every step is a torch operation on the inputs, so the bench's gradient check reaches each of them.
 """
@@ -76,3 +78,18 @@ def rwkv7_recurrent(r, w, k, v, kappa, alpha, r_k, **kwargs):
     """fla.ops.rwkv7.fused_recurrent_rwkv7 on the same arguments as rwkv7_chunk (whose scale defaults to K^-0.5,
     chunk_rwkv7's to 1: the entry gives it)."""
     return _rwkv7(_fla("fla.ops.rwkv7", "fused_recurrent_rwkv7"), r, w, k, v, kappa, alpha, r_k, **kwargs)
+
+
+def _hgrn2(fn, q, g, v, **kwargs):
+    return fn(q, 1 - torch.exp(g), v, g, **kwargs)
+
+
+def hgrn2_chunk(q, g, v, **kwargs):
+    """fla.ops.gla.chunk_gla on the hgrn2 spec's inputs, its key made from the forget gate: (o, final state)."""
+    return _hgrn2(_fla("fla.ops.gla", "chunk_gla"), q, g, v, **kwargs)
+
+
+def hgrn2_recurrent(q, g, v, **kwargs):
+    """fla.ops.gla.fused_recurrent_gla (its log decay along the keys, gk) on the same arguments as hgrn2_chunk."""
+    fn = _fla("fla.ops.gla", "fused_recurrent_gla")
+    return _hgrn2(lambda q, k, v, g, **kw: fn(q, k, v, gk=g, **kw), q, g, v, **kwargs)
