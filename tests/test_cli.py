@@ -416,6 +416,8 @@ def test_compile_replaces_what_it_did_not_write_only_with_force(tmp_path):
 def test_tables_fit_the_width_columns_gives(tmp_path):
     code, out = run("list", env={"COLUMNS": "70"})
     assert code == 0 and max(len(line) for line in out.splitlines()) <= 70
+    names = {line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")} - {""}
+    assert names == set(lamixer.shipped_specs())  # each spec's name whole, on one line
 
 
 HELP_WITHOUT_TORCH = """

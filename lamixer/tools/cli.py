@@ -76,11 +76,13 @@ def _console() -> Console:
 
 
 def _table(title: str, columns: tuple[str, ...]):
+    """A rich table whose first column (what each row is: a spec, an op, a configuration) is never cut or wrapped:
+    at 80 columns rich would shorten it to an ellipsis, and a row could no longer be told from its neighbours."""
     from rich.table import Table
 
     table = Table(title=title)
-    for col in columns:
-        table.add_column(col)
+    for i, col in enumerate(columns):
+        table.add_column(col, no_wrap=i == 0)
     return table
 
 
