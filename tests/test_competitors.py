@@ -139,18 +139,27 @@ def fused_recurrent_rwkv6(r, k, v, w, u, scale=None, initial_state=None, output_
     return _gated(r, k, v, w, scale, initial_state, bonus=u)
 
 
+def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    return _gated(q, k, v, g[..., None].expand_as(k), scale, initial_state)  # one log decay per token and head
+
+
+def fused_recurrent_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None):
+    return chunk_simple_gla(q, k, v, g, g_gamma, scale, initial_state)
+
+
 @pytest.fixture
 def fla_stand_ins(monkeypatch):
     for name, fns in {"fla.ops.gated_delta_product": [chunk_gated_delta_product], "fla.ops.gated_delta_rule": [fused_recurrent_gated_delta_rule],
                       "fla.ops.rwkv7": [chunk_rwkv7, fused_recurrent_rwkv7], "fla.ops.gla": [chunk_gla, fused_recurrent_gla],
-                      "fla.ops.rwkv6": [chunk_rwkv6, fused_recurrent_rwkv6]}.items():  # fmt: skip
+                      "fla.ops.rwkv6": [chunk_rwkv6, fused_recurrent_rwkv6],
+                      "fla.ops.simple_gla": [chunk_simple_gla, fused_recurrent_simple_gla]}.items():  # fmt: skip
         module = types.ModuleType(name)
         for fn in fns:
             setattr(module, fn.__name__, fn)
         monkeypatch.setitem(sys.modules, name, module)
 
 
-@pytest.mark.parametrize("name", ["gated_deltaproduct", "rwkv7", "hgrn2", "rwkv6", "gla"])
+@pytest.mark.parametrize("name", ["gated_deltaproduct", "rwkv7", "hgrn2", "rwkv6", "gla", "mamba2", "simple_gla"])
 @pytest.mark.parametrize("when", ["chunk", "decode"])
 def test_an_adapted_peer_computes_the_spec(name, when, fla_stand_ins):
     m = lamixer.load(name)

@@ -9,6 +9,8 @@ names these functions as its peers; each imports FLA when called, so nothing her
   o_t = scale r_t^T S_t; lamixer's spec writes outer(-(alpha * kh), kh @ S) with kh = l2norm(kappa), so a = -kh and
   b = kh * alpha (RWKV-7's own convention). FLA's op leaves the bonus (r . (r_k * k)) v to its layer: it is added
   here, as the spec's output has it.
+- Mamba-2 (SSD): FLA's scalar-decay op, simple GLA, with q = C, k = delta B, v = x and the log decay
+  -exp(A_log) delta, delta = softplus(dt + dt_bias), scale 1; the D skip is added here, as the spec's output has it.
 - HGRN2: FLA runs it as its layer does, gated linear attention with the key tied to the forget gate, k = 1 - exp(g)
   (the spec's `let k`), made here from g.
 
@@ -93,3 +95,20 @@ def hgrn2_recurrent(q, g, v, **kwargs):
     """fla.ops.gla.fused_recurrent_gla (its log decay along the keys, gk) on the same arguments as hgrn2_chunk."""
     fn = _fla("fla.ops.gla", "fused_recurrent_gla")
     return _hgrn2(lambda q, k, v, g, **kw: fn(q, k, v, gk=g, **kw), q, g, v, **kwargs)
+
+
+def _mamba2(fn, x, B, C, dt, A_log, D, dt_bias, **kwargs):
+    delta = F.softplus(dt.float() + dt_bias.float())  # [B, T, H]; dt_bias, A_log, D: [H], the spec's params
+    g = -torch.exp(A_log.float()) * delta
+    o, state = fn(C, (B * delta[..., None]).to(B.dtype), x, g, scale=1.0, **kwargs)
+    return o + (D[:, None] * x).to(o.dtype), state
+
+
+def mamba2_chunk(x, B, C, dt, A_log, D, dt_bias, **kwargs):
+    """fla.ops.simple_gla.chunk_simple_gla on the mamba2 spec's inputs, with its D skip: (o, final state)."""
+    return _mamba2(_fla("fla.ops.simple_gla", "chunk_simple_gla"), x, B, C, dt, A_log, D, dt_bias, **kwargs)
+
+
+def mamba2_recurrent(x, B, C, dt, A_log, D, dt_bias, **kwargs):
+    """fla.ops.simple_gla.fused_recurrent_simple_gla on the same arguments as mamba2_chunk."""
+    return _mamba2(_fla("fla.ops.simple_gla", "fused_recurrent_simple_gla"), x, B, C, dt, A_log, D, dt_bias, **kwargs)
