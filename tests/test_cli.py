@@ -217,6 +217,18 @@ def test_bench_checks_a_peer_from_a_file_then_times_it(cpu_bench, tmp_path, monk
     assert "peer naive_gla" in out and "peer vs lamixer" in out
 
 
+def test_bench_says_which_specs_get_no_fla_row(cpu_bench, tmp_path, monkeypatch):
+    spec = tmp_path / "my_gla.lam"
+    spec.write_text(lamixer.api.shipped_source("gla").replace("mixer gla ", "mixer my_gla "))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for importable, said in ((True, "my_gla has no FLA peer"), (False, "flash-linear-attention is not importable")):
+        monkeypatch.setattr(cpu_bench, "fla_available", lambda importable=importable: importable)
+        code, out = run("bench", str(spec), "--vs", "fla", "--lengths", "16", "--no-decode", "--out", str(tmp_path / "res"))
+        assert code == 0 and f"note: {said}" in out, out
+    code, out = run("bench", str(spec), "--vs", "sdpa", "--lengths", "16", "--no-decode", "--out", str(tmp_path / "res"))
+    assert code == 0 and "note:" not in out, out
+
+
 def test_bench_does_not_time_a_peer_that_disagrees(cpu_bench, tmp_path):
     (tmp_path / "naive.py").write_text(NAIVE_PEER)
     entry = {"fn": f"{tmp_path / 'naive.py'}:naive_gla", "kwargs": {"scale": 1.0}, "layout": "bhtd"}  # not the spec's scale

@@ -133,6 +133,14 @@ def _peer_row(label: str, m: Mixer, entry: dict, tensors: dict, do: torch.Tensor
     return _time(label, lambda: peers.output(peer_call(entry, theirs)), peers.to_layout(entry, do), row, list(theirs.values()))
 
 
+def without_fla(mixers: list[Mixer]) -> list[str]:
+    """Why some of `mixers` will get no FLA row when FLA is asked for: FLA not importable, or a spec with no entry in
+    competitors.json (a user's file, or a shipped spec FLA has no kernel for)."""
+    if not fla_available():
+        return ["flash-linear-attention is not importable here: no FLA rows"]
+    return [f"{m.name} has no FLA peer in lamixer/tools/competitors.json: time yours with --peer" for m in mixers if m.name not in COMPETITORS]
+
+
 def _peers(m: Mixer, have_fla: bool, peer: dict | None) -> list[tuple[str, dict, str]]:
     """(row label, entry, the key its ratios take) of each peer m is timed against: FLA's, the user's."""
     out = []

@@ -427,6 +427,8 @@ def bench(specs: tuple[str, ...], vs: tuple[str, ...], peer_fn: str | None, peer
             raise click.ClickException(f"{m.name} has no Triton kernels yet: {'; '.join(missing)}")
     with _writes_to("--out"):
         os.makedirs(out_dir, exist_ok=True)
+    for line in bench_mod.without_fla(mixers) if "fla" in vs else ():
+        click.echo(f"note: {line}", err=True)
     path = os.path.join(out_dir, f"bench_{'_'.join(m.name for m in mixers)}.json")
     console = _console()
     res = bench_mod.run(mixers, list(lengths), set(vs), decode, log=lambda row: console.print(row), save=lambda res: _save_json(res, path),
