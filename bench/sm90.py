@@ -9,7 +9,7 @@ their host code with kernels that do nothing (results are not looked at). Each s
 the chunk kernels (lengths past one chunk) and forward without gradients on 5 tokens (the recurrent kernel), at
 the default configurations (or --config's, as the autotuner sets a candidate). Prints, per kernel, shared memory, warps, stages, the registers per thread and
 bytes spilled that ptxas reports, and the loads left synchronous in loops (sync: see loop_loads). --variants: the
-delta rule's kernels once per variant of a bench/kernel_variants.py file (its launch overrides and source edits), each
+delta rule's kernels (or --family additive's) once per variant of a bench/kernel_variants.py file (its launch overrides and source edits), each
 variant's rows under its label. tests/test_gpu_compile.py runs the same compilation over every spec.
 """
 from __future__ import annotations
@@ -158,7 +158,8 @@ def main():
     ap.add_argument("--T", type=int, default=150)
     ap.add_argument("--D", type=int, default=128)
     ap.add_argument("--config", default="", help="BT,BV,BK,warps,stages[,BW,BG,warps_grad] for every scan (default: each one's own)")
-    ap.add_argument("--variants", help="a bench/kernel_variants.py file: the delta kernels under each of its variants")
+    ap.add_argument("--variants", help="a bench/kernel_variants.py file: the family's kernels under each of its variants")
+    ap.add_argument("--family", default="delta", choices=["delta", "additive"], help="the template --variants applies to")
     args = ap.parse_args()
     if args.config:
         from lamixer.backends import triton as triton_backend
@@ -175,7 +176,7 @@ def main():
     import kernel_variants  # beside this file
 
     for label, overrides, edits in json.load(open(args.variants)):
-        kernel_variants.use(overrides, edits)
+        kernel_variants.use(args.family, overrides, edits)
         print(f"\n{label}")
         _print(compile_specs(args.specs.split(","), dtypes, args.T, args.D, with_resources=True))
 
