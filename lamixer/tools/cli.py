@@ -75,14 +75,16 @@ def _console() -> Console:
     return Console()
 
 
-def _table(title: str, columns: tuple[str, ...]):
-    """A rich table whose first column (what each row is: a spec, an op, a configuration) is never cut or wrapped:
-    at 80 columns rich would shorten it to an ellipsis, and a row could no longer be told from its neighbours."""
+def _table(title: str, columns: tuple[str, ...], whole_first: bool = True):
+    """A rich table; whole_first: its first column (what each row is: a spec, an op, a configuration) is never cut or
+    wrapped, where at 80 columns rich would shorten it to an ellipsis and a row could no longer be told from its
+    neighbours. A table too wide for that at 80 columns gives it up (the check table: rich would cut its errors'
+    exponents instead)."""
     from rich.table import Table
 
     table = Table(title=title)
     for i, col in enumerate(columns):
-        table.add_column(col, no_wrap=i == 0)
+        table.add_column(col, no_wrap=whole_first and i == 0)
     return table
 
 
@@ -238,7 +240,7 @@ def check(specs: tuple[str, ...], all_specs: bool, backends: tuple[str, ...], se
     left_out = [m.name for m in mixers if (m, "triton") not in runs and "triton" in backends]
     cases, inference = (QUICK_CASES, QUICK_INFERENCE_CASES) if quick else (CASES, INFERENCE_CASES)
     table = _table(f"relative RMS error against the interpreter (float64; fail above {CHECK_TOLERANCE:g})",
-                   ("spec", "backend", "case", "output", "final states", "gradients", "worst grad", "verdict"))  # fmt: skip
+                   ("spec", "backend", "case", "output", "final states", "gradients", "worst grad", "verdict"), whole_first=False)  # fmt: skip
     tally: Counter[str] = Counter()
     console = _console()
     with Progress(console=console, transient=True) as progress:
