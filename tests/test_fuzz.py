@@ -567,6 +567,27 @@ def test_huge_whole_numbers_are_located_errors(text, line):
     assert info.value.loc.line == line
 
 
+@pytest.mark.parametrize("text, where", [
+    ('mixer m\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = 1e400 * S + outer(k, v)\nout o = q @ S\n', (5, 5)),
+    ('mixer m\ndims K, V\ninput q[K], k[K], v[V] in (0, 2e308)\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S\n', (3, 31)),
+])
+def test_numbers_past_float64s_range_are_located_errors(text, where):
+    """Found: 1e400 read as an infinity: a decay of inf compiled, and every output was NaN."""
+    with pytest.raises(lamixer.SpecError, match="beyond the range of a number") as info:
+        lamixer.loads(text, FILENAME)
+    assert (info.value.loc.line, info.value.loc.col) == where
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_constant_past_float32s_range_rounds_to_infinity(backend):
+    """Found: a spec's 1e300 in a float32 call raised RuntimeError from torch.full on the torch backend. Every float32
+    evaluator now fills it as a cast rounds it, to inf (the interpreter, float64, keeps 1e300)."""
+    m = lamixer.loads('mixer m\ndims K, V\ninput q[K], k[K], v[V]\nstate S[K, V]\nS = S + outer(k, v)\nout o = q @ S * 1e300\n', FILENAME)
+    q, k, v = (torch.randn(1, 5, 1, 4) for _ in range(3))
+    assert not torch.isfinite(m(q, k, v, backend=backend)[0]).any()
+    assert torch.isfinite(m(q.double(), k.double(), v.double(), backend=backend)[0]).all()
+
+
 @pytest.mark.parametrize("char", ["\x00", "\x1b", "\x7f", "\x85", "\t", "\x0b"])
 def test_control_characters_in_a_title_are_located_errors(char):
     """Found: a NUL in a title compiled into a package Python cannot parse."""

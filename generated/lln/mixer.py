@@ -76,12 +76,12 @@ def forward(call, scan):
     t5 = statistic(call, "sigma_q", "std", q, ())  # [1, 1, 1]: std over the whole input unless given, stop-gradient
     t6 = statistic(call, "sigma_k", "std", k, ())  # [1, 1, 1]: std over the whole input unless given, stop-gradient
     a = 0.14855178144710912
-    b = torch.full((1, 1, 1), 0.0, dtype=dtype, device=device) - 0.35487039130661086  # [1, 1, 1]
+    b = ops.filled(0.0, dtype, device) - 0.35487039130661086  # [1, 1, 1]
     t12 = t5 ** 2.0  # [1, 1, 1]
     t14 = t6 ** 2.0  # [1, 1, 1]
     t15 = t12 * t14  # [1, 1, 1]
     t16 = t15 - b  # [1, 1, 1]
-    t18 = torch.full((1, 1, 1), 2.0, dtype=dtype, device=device) * a  # [1, 1, 1]
+    t18 = ops.filled(2.0, dtype, device) * a  # [1, 1, 1]
     t19 = t16 / t18  # [1, 1, 1]
     sigma = torch.sqrt(t19)  # [1, 1, 1]
     alpha = sigma / t5  # [1, 1, 1]

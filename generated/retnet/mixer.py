@@ -67,7 +67,7 @@ def forward(call, scan):
     q = call.inputs["q"].to(dtype)  # [B, T, H, K]
     k = call.inputs["k"].to(dtype)  # [B, T, H, K]
     v = call.inputs["v"].to(dtype)  # [B, T, H, V]
-    t8 = torch.full((1, 1, 1), 0.0, dtype=dtype, device=device) - 5.0  # [1, 1, 1]
+    t8 = ops.filled(0.0, dtype, device) - 5.0  # [1, 1, 1]
     t9 = torch.arange(H, dtype=dtype, device=device).reshape(1, 1, H)  # [1, 1, H]
     t10 = t8 - t9  # [1, 1, H]
     t11 = 2.0 ** t10  # [1, 1, H]

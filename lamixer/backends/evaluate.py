@@ -246,8 +246,7 @@ class _Evaluator:
         if op == "head":
             return torch.arange(call.heads, dtype=dt, device=dev).reshape(1, 1, -1)
         value = {"const": lambda: d["value"], "dim": lambda: call.sizes[d["name"]], "scale": lambda: call.scale}[op]()
-        # a fill, not a copy from host memory: nothing waits on the device, and a CUDA graph can capture it
-        return torch.full((1, 1, 1), float(value), dtype=dt, device=dev)
+        return ops.filled(value, dt, dev)
 
     def constants(self) -> dict:
         """The call constants' values (and the constant factors of direct operands), once per signature and scale."""

@@ -77,7 +77,7 @@ class MixerWriter:
     # ---- values ----
     def tensor(self, v: _Value) -> str:
         """A value as a tensor (a number becomes a [1, 1, 1] tensor in the compute dtype)."""
-        return v.code if not v.number else self.m.uses(f"torch.full((1, 1, 1), {v.code}, dtype=dtype, device=device)")
+        return v.code if not v.number else self.m.uses(f"ops.filled({v.code}, dtype, device)")
 
     def sizes(self, dims) -> list[str]:
         return [self.dims[d] for d in dims]
@@ -288,7 +288,7 @@ class MixerWriter:
             head.append(f"{', '.join(self.dims[d] for d in used)} = {', '.join(f'call.sizes[{src.text(d)}]' for d in used)}")
         if any(self.nodes[n]["op"] == "scale" for n in self.plan.order):
             head.append(f"{self.scale} = call.scale")
-        uses_device = any("device=device" in line for line in self.lines)
+        uses_device = any("device=device" in line or "dtype, device)" in line for line in self.lines)  # a fill's (ops.filled)
         head.append("dtype, device = call.compute_dtype, call.device" if uses_device else "dtype = call.compute_dtype")
         # o in the caller's dtype here, where torch.compile fuses the cast into the last per-token kernel
         finals = f"[{', '.join(self.states[s] for s in self.g.states)}]"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import unicodedata
 from importlib import resources
 
@@ -19,6 +20,15 @@ MAX_WHOLE_DIGITS = 18  # a whole number (a dim size, a kernel size, a rank) fits
 def _parser() -> lark.Lark:
     grammar = resources.files("lamixer").joinpath("frontend/grammar/lamixer.lark").read_text()
     return lark.Lark(grammar, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+
+
+def _real(token: Token) -> float:
+    """A number token as a float; past float64's range (1e400 reads as inf) a located error: a spec's constant never
+    turns into an infinity it did not write (a bound writes inf for that)."""
+    value = float(token)
+    if not math.isfinite(value):
+        raise SpecError(f"{token[:24]} is beyond the range of a number (about 1.8e308 at most)", _loc(token))
+    return value
 
 
 def _whole(token: Token, what: str) -> int:
@@ -52,7 +62,7 @@ class _ToAst(Transformer):
 
     # -- expressions --
     def number(self, meta, c):
-        return S.Num(float(c[0]), _loc(c[0]))
+        return S.Num(_real(c[0]), _loc(c[0]))
 
     def name(self, meta, c):
         return S.Name(str(c[0]), _loc(c[0]))
@@ -106,7 +116,7 @@ class _ToAst(Transformer):
         return S.DimDecl(str(c[0]), _whole(c[1], "the size") if c[1] is not None else None, _loc(c[0]))
 
     def bound_number(self, meta, c):
-        return float(c[0])
+        return _real(c[0])
 
     def bound_neg_inf(self, meta, c):
         return float("-inf")
@@ -217,7 +227,7 @@ class _ToAst(Transformer):
 
     def running_momentum(self, meta, c):
         t = c[0]
-        return float(t) if t.type == "NUMBER" else S.Ident(str(t), _loc(t))
+        return _real(t) if t.type == "NUMBER" else S.Ident(str(t), _loc(t))
 
     def running_decl(self, meta, c):
         return S.Running(c[0], c[1], self._ident(c[2]), Loc(meta.line, meta.column))

@@ -35,6 +35,16 @@ BINARY = {
 }
 
 
+def filled(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A spec's number (or a call constant) as a [1, 1, 1] tensor of dtype: a fill, not a copy from host memory (nothing
+    waits on the device, and a CUDA graph can capture it), rounded as a cast rounds it: past the dtype's range an
+    infinity, as float32 arithmetic makes one, where torch.full refuses the value."""
+    value = float(value)
+    if dtype.is_floating_point and abs(value) > torch.finfo(dtype).max:
+        value = torch.tensor(value, dtype=torch.float64).to(dtype).item()
+    return torch.full((1, 1, 1), value, dtype=dtype, device=device)
+
+
 def align(x: torch.Tensor, have: tuple[str, ...], want: tuple[str, ...]) -> torch.Tensor:
     """Permute and unsqueeze the trailing feature axes of x from dims `have` to dims `want` (have is a subset)."""
     n = len(have)
