@@ -22,9 +22,9 @@ spec, B, T, H, D, gate = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
 emulate.bf16_like_gpu()
 seen = set()
 def spying(run):
-    def spy(ops, dtype, config):  # the dtype the chunk kernels run in
+    def spy(ops, dtype, config, **rendered):  # the dtype the chunk kernels run in (rendered: the decay they were rendered for)
         seen.add(str(dtype))
-        return run(ops, dtype, config)
+        return run(ops, dtype, config, **rendered)
 
     return spy
 

@@ -39,6 +39,7 @@ def test_rounding_to_bf16_is_to_nearest_even():
     ("gla", (1, 200, 2, 64), "normal"),  # dg 2.3e-3; 1.8e-2 with the strips' dots on bf16 operands (H200: 2.1e-2)
     ("gated_deltanet", (2, 63, 4, 64), "strong"),  # dg 4.3e-3; 2.3e-2 with da's state term scaled after its product
     ("kda", (2, 63, 4, 64), "strong"),  # dg 3.1e-3, every intermediate in bf16 (earlier forms of the kernels: 1.4e-2)
+    ("retnet", (2, 100, 4, 64), "normal"),  # the constant-decay kernels; o 2.5e-3 (2.7e-3 with q scaled before its dots)
 ])  # fmt: skip
 def test_bf16_kernels_under_emulation(spec, shape, gate):
     """bf16 kernels, run in bf16 as on the GPU: d(log decay), a suffix sum of terms that cancel, stays near the other
@@ -49,7 +50,7 @@ def test_bf16_kernels_under_emulation(spec, shape, gate):
     assert res["dtypes"] == ["torch.bfloat16"]
     bad = {k: f"{v:.2e}" for k, v in res["errors"].items() if not v < 1e-2}
     assert not bad, bad
-    assert res["errors"]["dg"] < 7e-3, res["errors"]
+    assert res["errors"].get("dg", 0.0) < 7e-3, res["errors"]  # (retnet's decay is no input: no dg)
 
 
 BOUNDS = """
