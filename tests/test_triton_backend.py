@@ -542,3 +542,10 @@ def test_a_walk_that_loads_no_per_token_decay_pipelines_one_stage_more():
     assert [state_stages(torch.bfloat16, 128, token_decay=d) for d in (True, False)] == [3, 4]
     assert [state_stages(torch.float32, 128, token_decay=d) for d in (True, False)] == [2, 2]
     assert [state_stages(torch.float16, 256, token_decay=d) for d in (True, False)] == [2, 3]
+    # the walks of no decay and of a per-head constant load their key and value tiles alone
+    from lamixer.kernels import additive
+    from lamixer.kernels.loader import kernels
+
+    loads = {d: kernels(additive.FAMILY, **additive.template_args(d, "after", "float32")).WALK_TOKEN_DECAY
+             for d in ("none", "constant", "scalar", "key", "value")}  # fmt: skip
+    assert loads == {"none": False, "constant": False, "scalar": True, "key": True, "value": True}

@@ -3,6 +3,9 @@
 import triton
 import triton.language as tl
 
+# whether the walks load per-token log decays (launch.state_stages: the forward walk's pipeline stages)
+WALK_TOKEN_DECAY = False
+
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_constant_after_float32_state_fwd(

@@ -97,7 +97,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
         BW, BK, KB = walk_blocks(c, K, V, N * H, b.device)
         getattr(mod, f"{mod.NAME}_state_fwd")[(cdiv(V, BW), N * H, cdiv(K, KB))](
             a, b, g, h0, hs, ht, *z, cu_seqlens, offsets, T, BV=BW, KB=KB, STORE_HT=True, num_warps=4,
-            num_stages=state_stages(a.dtype, K, token_decay=decay not in ("none", "constant")), **dict(common, BK=BK), **precise,
+            num_stages=state_stages(a.dtype, K, token_decay=mod.WALK_TOKEN_DECAY), **dict(common, BK=BK), **precise,
         )  # fmt: skip
     if NC * H and per_value:  # the output through the entering states, then the chunk's writes (the template's header)
         getattr(mod, f"{mod.NAME}_output_fwd")[(cdiv(V, c.BV), NC, H)](
