@@ -33,7 +33,7 @@ def test_every_kernel_compiles_for_the_h200(sm90_compilation):
                                               "decay_bwd"),
                            "chunk_additive_value": ("state_fwd", "output_fwd", "strips_bwd", "grads_bwd"),
                            "scan_delta": ("prepare_kernel", "state_kernel", "output_kernel", "bwd_dv_kernel", "bwd_dh_kernel", "bwd_grad_kernel"),
-                           "recurrent": ("kernel",)}.items():  # fmt: skip
+                           "recurrent": ("kernel",), "block_attention": ("fwd_kernel", "dq_kernel", "dkv_kernel")}.items():  # fmt: skip
         for stage in stages:
             assert any(k.startswith(family) and k.endswith(stage) for k in kernels), f"no {family} {stage} compiled"
     # every spec compiled kernels at every dtype and head dim

@@ -150,11 +150,12 @@ def reported(call, value: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor
 
 
 # ---- block attention ----
-def block_attention(call, index: int, q, k, v, scale, size: int, dtype: torch.dtype | None) -> tuple[torch.Tensor, tuple | None]:
+def block_attention(call, index: int, q, k, v, scale, size: int, dtype: torch.dtype | None, kernel=None) -> tuple[torch.Tensor, tuple | None]:
     """Block attention number `index` of a call over [B, T, H, D] tensors: (o in q's dtype, the window after the call
-    or None unless asked for). Without a window given or asked for, runtime.scan's, which knows of none."""
+    or None unless asked for). Without a window given or asked for, runtime.scan's, which knows of none, on `kernel`
+    when the backend gives one (scan.block_attention)."""
     if call.window is None and not call.output_window:
-        return scan.block_attention(q, k, v, scale, size, call.cu_seqlens, dtype), None
+        return scan.block_attention(q, k, v, scale, size, call.cu_seqlens, dtype, kernel), None
     return attend(call, index, q, k, v, scale, size, dtype)
 
 
@@ -162,8 +163,7 @@ def attend(call, index: int, q, k, v, scale, size: int, dtype: torch.dtype | Non
     """Block attention number `index` over [B, T, H, D] tensors continuing the call's window (none: every sequence
     starts here): (o [B, T, H, Dv] in q's dtype, (keys, values) of the window after the call or None unless asked)."""
     out_dtype = q.dtype
-    if isinstance(scale, torch.Tensor):
-        q, scale = q * scale.to(q.dtype).reshape(()), 1.0
+    q, scale = scan.scaled_queries(q, scale)
     if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if call.window is not None and call.cu_seqlens is None and q.shape[1] == 1:

@@ -421,20 +421,33 @@ def attention_dtype(call) -> torch.dtype | None:
     return call.out_dtype if half and call.device.type == "cuda" else None
 
 
-def block_attention(q, k, v, scale, size: int, cu_seqlens=None, dtype: torch.dtype | None = None) -> torch.Tensor:
+def block_attention(q, k, v, scale, size: int, cu_seqlens=None, dtype: torch.dtype | None = None, kernel=None) -> torch.Tensor:
     """Causal softmax attention within blocks of `size` tokens of every sequence: [B, T, H, D] -> [B, T, H, Dv],
     computed in `dtype` when given, returned in q's. A number `scale` goes to the attention kernel itself; a tensor
-    one (an expression of the call) multiplies q first. Recomputed in the backward (runtime/recompute.py): kept, its
-    masked keys and values, output and masks are several times q's size."""
-    return recompute.recomputed(functools.partial(_attend_blocks, size, cu_seqlens, dtype), q, k, v, scale)
+    one (an expression of the call) multiplies q first. On `kernel`, a backend's own (q, k, v, scale, size,
+    cu_seqlens) -> o that keeps nothing but its operands, else on torch's SDPA, recomputed in the backward
+    (runtime/recompute.py): kept, its masked keys and values, output and masks are several times q's size."""
+    if kernel is not None:
+        return _attend_blocks(size, cu_seqlens, dtype, kernel, q, k, v, scale)
+    return recompute.recomputed(functools.partial(_attend_blocks, size, cu_seqlens, dtype, None), q, k, v, scale)
 
 
-def _attend_blocks(size: int, cu_seqlens, dtype: torch.dtype | None, q, k, v, scale) -> torch.Tensor:
+def scaled_queries(q: torch.Tensor, scale) -> tuple[torch.Tensor, float]:
+    """(q, the number the attention kernel scales its scores by): a number as it is; a tensor (an expression of the
+    call: one value, or one per token and head [B|1, T|1, H|1]) multiplied into q, and 1."""
+    if not isinstance(scale, torch.Tensor):
+        return q, float(scale)
+    s = scale.to(q.dtype)
+    return q * (s if s.dim() == 0 else s.unsqueeze(-1)), 1.0
+
+
+def _attend_blocks(size: int, cu_seqlens, dtype: torch.dtype | None, kernel, q, k, v, scale) -> torch.Tensor:
     out = q.dtype
-    if isinstance(scale, torch.Tensor):
-        q, scale = q * scale.to(q.dtype).reshape(()), 1.0
+    q, scale = scaled_queries(q, scale)
     if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if kernel is not None:
+        return kernel(q, k, v, float(scale), size, cu_seqlens).to(out)
     return torch.cat(per_sequence(lambda *x: _block_attention(*x, size, float(scale)), cu_seqlens, q, k, v), 1).to(out)
 
 

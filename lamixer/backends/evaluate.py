@@ -216,11 +216,12 @@ class _Evaluator:
     """
 
     def __init__(self, compiled: Compiled, call: Call, scan_impl, direct: dict[int, Form] | None = None,
-                 prog: _Program | None = None):  # fmt: skip
+                 prog: _Program | None = None, attention=None):  # fmt: skip
         self.c, self.call = compiled, call
         self.prog = prog if prog is not None else program(compiled, direct)
         self.nodes = compiled.plan.nodes  # plain data: nothing below touches the graph library
         self.scan_impl = scan_impl
+        self.attention = attention  # block attention's kernel (runtime.scan.block_attention's `kernel`), or None
         # scan operands the kernels read straight from the caller's tensors: node -> Form
         self.direct = self.prog.direct
         self.env: dict[int, torch.Tensor] = {}
@@ -341,8 +342,8 @@ class _Evaluator:
             return x if x is not None and x.dtype == dtype and x.dim() == 4 else self.full(n)
 
         attend = block_attention if call.context_parallel is None else parallel.block_attention
-        o, self.windows[n] = attend(call, self.prog.blocks[n], operand(q), operand(k), operand(v), self.env[scale] if number is None else number,
-                                             size, dtype)  # fmt: skip
+        o, self.windows[n] = attend(call, self.prog.blocks[n], operand(q), operand(k), operand(v), self.value(scale) if number is None else number,
+                                             size, dtype, self.attention)  # fmt: skip
         return o.to(call.compute_dtype)
 
     def prologue(self, scans: list[Scan], dtype: torch.dtype | None = None) -> list[tuple]:
@@ -443,10 +444,11 @@ class _Evaluator:
         self.finals[s.state] = final if axis is None else final.squeeze(axis)
 
 
-def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None, prog: _Program | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None, prog: _Program | None = None,
+        attention=None) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
     """o [B, T, H, V] and the final states [N, H, *dims], in the compute dtype (prog: program(compiled, direct), when
-    the caller keeps it; scan_impl: as _Evaluator.scan takes it)."""
-    ev = _Evaluator(compiled, call, scan_impl, direct, prog)
+    the caller keeps it; scan_impl: as _Evaluator.scan takes it; attention: block attention's kernel, None for SDPA)."""
+    ev = _Evaluator(compiled, call, scan_impl, direct, prog, attention)
     ev.run()
     finals = [ev.finals[n] for n in compiled.graph.states]
     return ev.env[compiled.graph.output], finals + ev.extras() if call.output_stats or call.output_window else finals

@@ -3,7 +3,8 @@
 
 Training and long sequences run the group's chunk kernels (plan.groups[i].train), launched with the
 tuned configuration for this GPU and shape (lamixer.tuning.choose) or the family's default;
-inference on short sequences runs every group on the recurrent kernel (plan.groups[i].decode). The
+inference on short sequences runs every group on the recurrent kernel (plan.groups[i].decode). Block
+attention runs on its own kernels (kernels/block_attention.py) unless a call continues a window. The
 kernels' host code is lamixer/kernels/; what is decided per call here is only what depends on the
 call: whether gradients are needed, the sequence length, the dtype and the configuration.
 """
@@ -15,6 +16,7 @@ import os
 import torch
 
 from ..kernels import additive, delta, recurrent
+from ..kernels.block_attention import block_attention
 from ..kernels.config import Config
 from ..kernels.launch import MAX_HEAD_DIM, bf16_interpreted, launch_problems
 from ..passes.kernel_plan import Form, ScanGroup
@@ -98,7 +100,7 @@ def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None
     template that overrides the tuned ones (the autotuner's candidates; such calls run unfused)."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     if call.memo is None:
-        return evaluate.run(compiled, call, *_choices(compiled, call, interpreted, configs)[:3])
+        return evaluate.run(compiled, call, *_choices(compiled, call, interpreted, configs)[:3], attention=block_attention)
     # the choices depend on nothing but the signature, the grad mode, whether the recurrent kernel takes the length,
     # the configurations asked for and the tuning cache's state (choose.generation: a configuration stored since)
     # and whether states are updated in place (a graphed decoder's, read here: tracing reads no context variable)
@@ -120,7 +122,7 @@ def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None
 def _evaluate(call: Call, compiled: Compiled, scans, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The evaluation fuse.run compiles, o already in the caller's dtype: the cast then fuses into the last per-token
     kernel, where after it is a pass of its own each way."""
-    o, finals = evaluate.run(compiled, call, scans, direct, prog)
+    o, finals = evaluate.run(compiled, call, scans, direct, prog, attention=block_attention)
     return o.to(call.out_dtype), finals
 
 

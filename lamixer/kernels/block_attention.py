@@ -1,0 +1,305 @@
+"""Block attention on Triton: causal softmax attention within blocks of `size` tokens counted from each sequence's
+start, forward and backward, as runtime/scan.py's block_attention computes it on torch's SDPA.
+
+What it saves against SDPA there: a non-finite key or value must reach only its own and later rows of its block, and
+the masked scores of earlier rows would carry it (0 * inf). SDPA needs the caller's keys and values copied with those
+entries zeroed (two passes, and the copies kept for its backward) and the rows from them on made NaN after it (a third
+pass). Here the forward uses each tile as loaded, and each row checks once, at the end of its pass, whether it met a
+non-finite entry (its product row then holds one, or its least score is -inf); only a program where one did runs its
+keys again, the values zeroed where not finite and the rows and columns they reach made NaN (a dot of the causal
+mask against the bad entries). The gradient kernels zero non-finite keys and values as they load them: a row before
+one takes none of it, the rows at and after it are NaN already. The backward keeps q, k and v alone
+and runs the forward again for o and each row's log-sum-exp: kept, o would be live beside the scans' gradients at a
+mixer's forward+backward peak (lln's: 3504 against 4126 bytes per token x head, bench/memory.py --fused), for one
+more forward pass of a few percent of the mixer's time.
+
+One program per tile of BM query rows (forward, dq) or BN key rows (dk, dv), per head and sequence; a tile may straddle
+two blocks, each row masked to its own. Packed sequences (cu_seqlens) take the tiles launch.chunks lists. The torch
+backend keeps SDPA (torch only); so does a call that continues a window (runtime/carry.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .launch import NAMESPACE, PRECISION, cdiv, chunks, pow2
+
+
+@triton.jit
+def _sequence(tiles, cu_seqlens, i_m, i_b, T, IS_VARLEN: tl.constexpr):
+    """(tile index within its sequence, the sequence's first token, its length)."""
+    if IS_VARLEN:
+        i_n = tl.load(tiles + i_m * 2).to(tl.int32)
+        i_t = tl.load(tiles + i_m * 2 + 1).to(tl.int32)
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        i_t = i_m
+        bos = i_b.to(tl.int64) * T
+        eos = bos + T
+    return i_t, bos, (eos - bos).to(tl.int32)
+
+
+@triton.jit
+def _rows(x, first, i_h, o_r, m_r, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """Rows first + o_r of x [.., H, D] at head i_h, masked by m_r: [BR, BD] (the base offset in int64, the rest small)."""
+    o_d = tl.arange(0, BD)
+    return tl.load(x + (first * H + i_h) * D + o_r[:, None] * (H * D) + o_d[None, :], mask=m_r[:, None] & (o_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _finite(x):
+    """x with its non-finite entries zeroed (x * 0 is 0 for a finite x, NaN for the rest)."""
+    return tl.where(x * 0.0 == 0.0, x, 0.0).to(x.dtype)
+
+
+@triton.jit
+def _seen(rows, cols, L, size):
+    """[rows, cols]: where a query row attends a key row (both relative to the sequence): at or before it, in its block."""
+    start = (rows // size) * size
+    return (cols[None, :] <= rows[:, None]) & (cols[None, :] >= start[:, None]) & (cols[None, :] < L)
+
+
+@triton.jit
+def _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr,
+            BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr,
+            CAREFUL: tl.constexpr):  # fmt: skip
+    """A query tile's online softmax over the keys its rows see: (o unnormalised [BM, BV], each row's max score and
+    sum of exp(score - max), and whether a row met a non-finite entry). CAREFUL: values zeroed where not finite, and
+    the rows and columns a non-finite key or value reaches made NaN."""
+    o_n = tl.arange(0, BN)
+    b_m = tl.full([BM], float("-inf"), ACC)
+    b_low = tl.full([BM], float("inf"), ACC)  # each row's least score: -inf only from a non-finite key
+    b_l = tl.zeros([BM], ACC)
+    b_o = tl.zeros([BM, BV], ACC)
+    for j in range(tl.min(rows, 0) // size * size, tl.minimum(tl.max(rows, 0) + 1, L), BN):
+        cols = j + o_n  # [BN]
+        b_k = _rows(k, bos + j, i_h, o_n, cols < L, H, K, BK)  # [BN, BK]
+        b_v = _rows(v, bos + j, i_h, o_n, cols < L, H, V, BV)  # [BN, BV]
+        seen = _seen(rows, cols, L, size)  # [BM, BN]
+        b_s = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=PRECISION) * scale
+        b_low = tl.minimum(b_low, tl.min(tl.where(seen, b_s, float("inf")), 1))
+        b_s = tl.where(seen, b_s, float("-inf"))
+        m_new = tl.maximum(b_m, tl.max(b_s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row none of whose keys is in this tile yet
+        b_p = tl.exp(b_s - m_safe[:, None])
+        alpha = tl.exp(b_m - m_safe)
+        b_l = b_l * alpha + tl.sum(b_p, 1)
+        b_m = m_new
+        if CAREFUL:
+            bad_v = (b_v.to(tl.float32) * 0.0 != 0.0).to(tl.float32)  # [BN, BV]
+            bad_s = tl.max((seen & (b_s * 0.0 != 0.0)).to(tl.float32), 1)  # [BM]
+            b_p = tl.where(b_p == b_p, b_p, 0.0)
+            b_o = b_o * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), _finite(b_v), out_dtype=ACC, input_precision=PRECISION)
+            b_o = tl.where(tl.dot(seen.to(tl.float32), bad_v) + bad_s[:, None] > 0, float("nan"), b_o)
+        else:
+            b_o = b_o * alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v, out_dtype=ACC, input_precision=PRECISION)
+    # a non-finite value reaches every row's product (p * inf, or 0 * inf = NaN where unseen), a non-finite key the
+    # scores of the rows that see it (NaN or +inf through the max, -inf through the least score)
+    met = (tl.sum(b_o * 0.0, 1) != 0.0) | (b_low == float("-inf")) | (b_m != b_m)
+    return b_o, b_m, b_l, met
+
+
+@triton.jit(do_not_specialize=["T", "size"])
+def block_attention_fwd_kernel(q, k, v, o, lse, tiles, cu_seqlens, scale, T, size, H: tl.constexpr, K: tl.constexpr,
+                               V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                               IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """o and each row's log-sum-exp for a tile of BM query rows: the keys they see in tiles of BN, the non-finite ones
+    handled in a second pass over the keys only where a row met one."""
+    i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, bos, L = _sequence(tiles, cu_seqlens, i_m, i_b, T, IS_VARLEN)
+    ACC = tl.float64 if q.dtype.element_ty == tl.float64 else tl.float32
+    o_m = tl.arange(0, BM)
+    rows = i_t * BM + o_m  # [BM], within the sequence
+    m_rows = rows < L
+    rows = tl.where(m_rows, rows, L - 1)  # rows past the sequence repeat its last (not stored)
+    b_q = _rows(q, bos + i_t * BM, i_h, o_m, m_rows, H, K, BK)  # [BM, BK]
+    b_o, b_m, b_l, met = _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H, K, V, BM, BN, BK, BV, PRECISION, ACC, False)
+    if tl.max(met.to(tl.int32), 0) > 0:  # rare: the rows and columns a non-finite key or value reaches are NaN
+        b_o, b_m, b_l, met = _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H, K, V, BM, BN, BK, BV, PRECISION, ACC, True)
+    b_o = b_o / b_l[:, None]
+    o_v = tl.arange(0, BV)
+    p_o = o + ((bos + i_t * BM) * H + i_h) * V + o_m[:, None] * (H * V) + o_v[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_rows[:, None] & (o_v[None, :] < V))
+    tl.store(lse + (bos + i_t * BM + o_m) * H + i_h, (b_m + tl.log(b_l)).to(lse.dtype.element_ty), mask=m_rows)
+
+
+@triton.jit
+def _weights(b_q, b_k, b_v, b_do, b_lse, b_delta, seen, scale, PRECISION: tl.constexpr, ACC: tl.constexpr):
+    """A tile pair's attention weights P [BM, BN] (from each row's log-sum-exp) and the scores' gradient dS."""
+    b_s = tl.dot(b_q, tl.trans(b_k), out_dtype=ACC, input_precision=PRECISION) * scale
+    b_p = tl.where(seen, tl.exp(b_s - b_lse[:, None]), 0.0)
+    b_dp = tl.dot(b_do, tl.trans(b_v), out_dtype=ACC, input_precision=PRECISION)
+    return b_p, b_p * (b_dp - b_delta[:, None])
+
+
+@triton.jit(do_not_specialize=["T", "size"])
+def block_attention_dq_kernel(q, k, v, o, do, lse, delta, dq, tiles, cu_seqlens, scale, T, size, H: tl.constexpr, K: tl.constexpr,
+                              V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                              IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """dq of a query tile, and each of its rows' delta = rowsum(dO * O), which the key tiles' kernel reads. Keys and
+    values are zeroed where not finite: the rows before one take none of it (their rows at and after are NaN)."""
+    i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, bos, L = _sequence(tiles, cu_seqlens, i_m, i_b, T, IS_VARLEN)
+    ACC = tl.float64 if q.dtype.element_ty == tl.float64 else tl.float32
+    o_m, o_n = tl.arange(0, BM), tl.arange(0, BN)
+    rows = i_t * BM + o_m
+    m_rows = rows < L
+    first = bos + i_t * BM
+    b_q = _rows(q, first, i_h, o_m, m_rows, H, K, BK)
+    b_do = _rows(do, first, i_h, o_m, m_rows, H, V, BV)
+    b_delta = tl.sum(b_do.to(ACC) * _rows(o, first, i_h, o_m, m_rows, H, V, BV).to(ACC), 1)  # [BM]
+    tl.store(delta + (bos + rows) * H + i_h, b_delta.to(delta.dtype.element_ty), mask=m_rows)
+    b_lse = tl.load(lse + (bos + rows) * H + i_h, mask=m_rows, other=0.0).to(ACC)
+    b_dq = tl.zeros([BM, BK], ACC)
+    for j in range((i_t * BM) // size * size, tl.minimum(i_t * BM + BM, L), BN):
+        cols = j + o_n
+        b_k = _finite(_rows(k, bos + j, i_h, o_n, cols < L, H, K, BK))
+        b_v = _finite(_rows(v, bos + j, i_h, o_n, cols < L, H, V, BV))
+        b_p, b_ds = _weights(b_q, b_k, b_v, b_do, b_lse, b_delta, _seen(rows, cols, L, size), scale, PRECISION, ACC)  # [BM, BN]
+        b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, out_dtype=ACC, input_precision=PRECISION)
+    o_k = tl.arange(0, BK)
+    p_dq = dq + (first * H + i_h) * K + o_m[:, None] * (H * K) + o_k[None, :]
+    tl.store(p_dq, (b_dq * scale).to(dq.dtype.element_ty), mask=m_rows[:, None] & (o_k[None, :] < K))
+
+
+@triton.jit(do_not_specialize=["T", "size"])
+def block_attention_dkv_kernel(q, k, v, do, lse, delta, dk, dv, tiles, cu_seqlens, scale, T, size, H: tl.constexpr,
+                               K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                               BV: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
+    """dk and dv of a key tile: the query rows from its first key to the end of its last key's block."""
+    i_n, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, bos, L = _sequence(tiles, cu_seqlens, i_n, i_b, T, IS_VARLEN)
+    ACC = tl.float64 if q.dtype.element_ty == tl.float64 else tl.float32
+    o_m, o_n = tl.arange(0, BM), tl.arange(0, BN)
+    cols = i_t * BN + o_n
+    m_cols = cols < L
+    first = bos + i_t * BN
+    b_k = _finite(_rows(k, first, i_h, o_n, m_cols, H, K, BK))
+    b_v = _finite(_rows(v, first, i_h, o_n, m_cols, H, V, BV))
+    b_dk = tl.zeros([BN, BK], ACC)
+    b_dv = tl.zeros([BN, BV], ACC)
+    last = tl.minimum((tl.minimum(i_t * BN + BN, L) - 1) // size * size + size, L)  # past the last key's block
+    for i in range(i_t * BN, last, BM):
+        rows = i + o_m
+        m_rows = rows < L
+        b_q = _rows(q, bos + i, i_h, o_m, m_rows, H, K, BK)
+        b_do = _rows(do, bos + i, i_h, o_m, m_rows, H, V, BV)
+        b_lse = tl.load(lse + (bos + rows) * H + i_h, mask=m_rows, other=0.0).to(ACC)
+        b_delta = tl.load(delta + (bos + rows) * H + i_h, mask=m_rows, other=0.0).to(ACC)
+        b_p, b_ds = _weights(b_q, b_k, b_v, b_do, b_lse, b_delta, _seen(rows, cols, L, size), scale, PRECISION, ACC)  # [BM, BN]
+        b_dv += tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do, out_dtype=ACC, input_precision=PRECISION)
+        b_dk += tl.dot(tl.trans(b_ds.to(b_q.dtype)), b_q, out_dtype=ACC, input_precision=PRECISION)
+    o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
+    p_dk = dk + (first * H + i_h) * K + o_n[:, None] * (H * K) + o_k[None, :]
+    p_dv = dv + (first * H + i_h) * V + o_n[:, None] * (H * V) + o_v[None, :]
+    tl.store(p_dk, (b_dk * scale).to(dk.dtype.element_ty), mask=m_cols[:, None] & (o_k[None, :] < K))
+    tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_cols[:, None] & (o_v[None, :] < V))
+
+
+# (rows a program owns, rows of the other side per step, num_warps, num_stages) per kernel: the fastest of those
+# timed at lln's shape (bench/results/NOTES.md); 128-row programs hold more registers and ran slower
+LAUNCH = {"fwd": (64, 64, 4, 2), "dq": (64, 64, 4, 1), "dkv": (64, 64, 4, 1)}
+
+
+def _launch(kernel, which: str, q: torch.Tensor, cu_seqlens: torch.Tensor | None, *args, **kwargs) -> None:
+    """kernel over every tile of its rows of every sequence and head (none when there are none); above a head dim of
+    128, or of 512 bytes a row (float64 at 128 asked for 256 KiB of shared memory), tiles of at most 32 rows."""
+    B, T, H, K = q.shape
+    own, other, warps, stages = LAUNCH[which]
+    D = max(K, kwargs["V"])
+    if D > 128 or D * q.element_size() > 512:
+        own, other = min(own, 32), min(other, 32)
+    n, tiles, _ = chunks(cu_seqlens, B, T, own)
+    if n and H:
+        grid = (cdiv(T, own), H, B) if cu_seqlens is None else (n, H, 1)
+        BM, BN = (other, own) if which == "dkv" else (own, other)
+        kernel[grid](*args, tiles, cu_seqlens, kwargs.pop("scale"), T, kwargs.pop("size"), H=H, K=K, BM=BM, BN=BN, BK=pow2(K),
+                     IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION, num_warps=warps, num_stages=stages, **kwargs)  # fmt: skip
+
+
+def _stats_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int,
+             cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(o [B, T, H, V] in q's dtype, each row's log-sum-exp of its scaled scores [B, T, H])."""
+    B, T, H, _ = q.shape
+    V = v.shape[-1]
+    o = q.new_empty(B, T, H, V)
+    lse = torch.empty(B, T, H, dtype=_stats_dtype(q), device=q.device)
+    _launch(block_attention_fwd_kernel, "fwd", q, cu_seqlens, q, k, v, o, lse, scale=scale, size=size, V=V, BV=pow2(V))
+    return o, lse
+
+
+def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+              scale: float, size: int, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) from the operands and o's gradient."""
+    o, lse = _forward(q, k, v, scale, size, cu_seqlens)
+    V = v.shape[-1]
+    do = do.contiguous()
+    delta = torch.empty_like(lse)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    _launch(block_attention_dq_kernel, "dq", q, cu_seqlens, q, k, v, o, do, lse, delta, dq, scale=scale, size=size, V=V, BV=pow2(V))
+    _launch(block_attention_dkv_kernel, "dkv", q, cu_seqlens, q, k, v, do, lse, delta, dk, dv, scale=scale, size=size, V=V, BV=pow2(V))
+    return dq, dk, dv
+
+
+def _output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
+    return _forward(q, k, v, scale, size, cu_seqlens)[0]
+
+
+block_attention_op = torch.library.custom_op(f"{NAMESPACE}::block_attention", _output, mutates_args=())
+block_attention_backward = torch.library.custom_op(f"{NAMESPACE}::block_attention_backward", _backward, mutates_args=())
+
+
+@block_attention_op.register_fake
+def _(q, k, v, scale, size, cu_seqlens):
+    return q.new_empty(*q.shape[:3], v.shape[-1])
+
+
+@block_attention_backward.register_fake
+def _(q, k, v, do, scale, size, cu_seqlens):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _save(ctx, inputs, output) -> None:
+    q, k, v, scale, size, cu_seqlens = inputs
+    ctx.save_for_backward(q, k, v, cu_seqlens)
+    ctx.shape = (scale, size)
+
+
+def _grads(ctx, do, backward) -> tuple:
+    q, k, v, cu_seqlens = ctx.saved_tensors
+    return (*backward(q, k, v, do, *ctx.shape, cu_seqlens), None, None, None)
+
+
+block_attention_op.register_autograd(lambda ctx, do: _grads(ctx, do, block_attention_backward), setup_context=_save)
+
+
+class _EagerBlockAttention(torch.autograd.Function):
+    """The same as the custom op, without its dispatch, outside torch.compile."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        o = _output(*inputs)
+        _save(ctx, inputs, o)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        return _grads(ctx, do, _backward)
+
+
+def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int,
+                    cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Causal softmax attention (scores times `scale`) within blocks of `size` tokens of every sequence: [B, T, H, K]
+    queries and keys, [B, T, H, V] values (all of one dtype, on the kernels' device) -> o [B, T, H, V]."""
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), float(scale), int(size), cu_seqlens)
+    if torch.compiler.is_compiling():
+        return block_attention_op(*args)
+    if torch.is_grad_enabled() and any(x.requires_grad for x in args[:3]):
+        return _EagerBlockAttention.apply(*args)
+    return _output(*args)
