@@ -115,7 +115,7 @@ def test_compile_writes_packages(tmp_path):
     code, out = run("compile", "rwkv6", "deltanet", str(two_reads), "-o", str(tmp_path / "shared"))  # several: runtime and kernels shared
     assert code == 0, out
     shared = tmp_path / "shared"
-    kernels = ["__init__.py", "additive.py", "chunk_additive_key_before.py", "config.py", "delta.py", "launch.py", "loader.py", "recurrent.py",
+    kernels = ["__init__.py", "additive.py", "block_attention.py", "chunk_additive_key_before.py", "config.py", "delta.py", "launch.py", "loader.py", "recurrent.py",
                "recurrent_additive_key_before.py", "recurrent_additive_none_after_after.py", "recurrent_delta_none_after.py", "scan_delta_none_after.py"]  # fmt: skip
     assert sorted(p.name for p in (shared / "kernels").iterdir()) == kernels
     assert {"__init__.py", "runtime", "rwkv6", "deltanet", "two_reads"} <= {p.name for p in shared.iterdir()}

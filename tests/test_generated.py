@@ -70,7 +70,7 @@ def test_every_shipped_spec_has_its_package():
         readme = (pkg / "README.md").read_text()
         assert readme.startswith(f"# {name}: ") and "## API" in readme and "## What it runs" in readme
         mixer = (pkg / "mixer.py").read_text()
-        assert f"\ndef {name}(" in mixer and "\ndef forward(call, scan):" in mixer
+        assert f"\ndef {name}(" in mixer and "\ndef forward(call, scan" in mixer
         if unsupported(lamixer.load(name).compiled):  # no Triton template yet: the package runs on torch alone
             assert "from . import scans" not in mixer and not (pkg / "scans.py").exists()
             continue

@@ -40,7 +40,7 @@ WORKER = Path(__file__).resolve().parent / "package_worker.py"
 CALLS = {"T=24": (None, None), "packed 5+19, scale 0.3": ([0, 5, 24], 0.3)}
 # training on each kernel family (gsa: a value-dim decay chained into a key-dim one; a scalar decay; the delta rule) and
 # inference on the recurrent kernel; no two cases share a kernel module, so each loads its own
-TRITON_CASES = [("gsa", True), ("simple_gla", True), ("deltanet", True), ("gated_deltanet", False), ("gsa", False)]
+TRITON_CASES = [("gsa", True), ("simple_gla", True), ("deltanet", True), ("gated_deltanet", False), ("gsa", False), ("lln", True)]
 
 
 def _interpret_case(m, seed: int, cu, scale, dtype=torch.float64, T: int = 24):

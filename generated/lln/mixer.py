@@ -46,14 +46,15 @@ def lln(q, k, v, *, scale=None, initial_state=None, output_final_state=False, cu
     call = bind(SIGNATURE, BINDINGS, (q, k, v), {}, scale, initial_state, cu_seqlens, None,
                 lambda: check(SIGNATURE, {"q": q, "k": k, "v": v}, scale, initial_state, cu_seqlens, default_scale))
     call = attach(SIGNATURE, call, stats, window, output_stats, output_window)
-    scan, fused = [(torch_scan, False)] * 1, False
+    scan, fused, attention = [(torch_scan, False)] * 1, False, None
     if backend != "torch":
         from . import scans
 
         scan = scans.choose(call, backend)
         fused = scans.fused(scan, call)
+        attention = scans.attention(scan)
     # on a GPU, torch.compile fuses the per-token work around the kernels (a compiled copy per in-place mode)
-    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=fused, version=STATES_IN_PLACE.get())
+    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, attention, when=fused, version=STATES_IN_PLACE.get())
     return results(call, o, finals, output_final_state, SIGNATURE)
 
 
@@ -63,9 +64,9 @@ def default_scale(sizes):
     return float(t49)
 
 
-def forward(call, scan):
-    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group's normaliser):
-    (o, [final state of each state]) in the compute dtype."""
+def forward(call, scan, attention=None):
+    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group's normaliser)
+    and attention block attention's kernel (None: torch's SDPA): (o, [final state of each state]) in the compute dtype."""
     B, T, H = call.batch, call.length, call.heads
     K = call.sizes["K"]
     scale = call.scale
@@ -112,7 +113,7 @@ def forward(call, scan):
     )
     t39 = z_read + 1e-05  # [B, T, H]
     o_lln = S_read / t39[..., None]  # [B, T, H, V]
-    o_diag, window0 = block_attention(call, 0, q, k, v, scale, K, attention_dtype(call))  # [B, T, H, V]: causal softmax attention in blocks of K; the window after it, if asked
+    o_diag, window0 = block_attention(call, 0, q, k, v, scale, K, attention_dtype(call), attention)  # [B, T, H, V]: softmax attention in causal blocks of K, its window if asked
     t43 = o_lln + o_diag  # [B, T, H, V]
     o = t43 / 2.0  # [B, T, H, V]
     return o.to(call.out_dtype), [S, z] + extras(call, [window0], [(t5, ()), (t6, ()), (t24, ("batch", "head"))])

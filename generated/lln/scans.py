@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from ..kernels import additive, config, launch, recurrent
+from ..kernels import additive, block_attention, config, launch, recurrent
 from ..runtime.call import pick_backend, remember
 from ..runtime.scan import STATES_IN_PLACE, torch_scan
 
@@ -84,3 +84,9 @@ def fused(scans, call) -> bool:
     or around the recurrent kernel in a one-token decoding step (whose work unfused is one small kernel per operation)."""
     kernels = [run.func for run, _ in scans if isinstance(run, functools.partial)]
     return any(f is not recurrent.scan for f in kernels) or (call.longest == 1 and recurrent.scan in kernels)
+
+
+def attention(scans):
+    """Block attention's kernel (kernels/block_attention.py) when choose() picked the Triton kernels, else None (torch's
+    SDPA)."""
+    return block_attention.block_attention if any(run is not torch_scan for run, _ in scans) else None

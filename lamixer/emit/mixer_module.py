@@ -48,7 +48,7 @@ class MixerWriter:
         self.c, self.m = compiled, module
         self.g, self.plan, self.nodes = compiled.graph, compiled.plan, compiled.plan.nodes
         self.function_name = function_name
-        self.names = Names(MODULE_NAMES + (function_name, "call", "scan", "dtype", "device"))
+        self.names = Names(MODULE_NAMES + (function_name, "call", "scan", "attention", "dtype", "device"))
         # spec names first, so they keep theirs; then the shape locals; temporaries take what is left
         self.dims = {d: self.names.claim(d) for d in self.g.dims}
         self.spec_names: dict[int, str] = {}
@@ -175,8 +175,8 @@ class MixerWriter:
         args = ", ".join([self.full(q), self.full(k), self.full(v), self.env[scale].code, size])
         index = len(self.carried_windows)
         name, window = self.spec_names.get(n) or self.names.claim(f"t{n}"), self.names.claim(f"window{index}")
-        self.lines.append(f"{name}, {window} = {self.m.uses(f'block_attention(call, {index}, {args}, attention_dtype(call))')}"
-                          f"  # {src.shape(('B', 'T', 'H'), d['dims'])}: causal softmax attention in blocks of {d['size']}; the window after it, if asked")  # fmt: skip
+        self.lines.append(f"{name}, {window} = {self.m.uses(f'block_attention(call, {index}, {args}, attention_dtype(call), attention)')}"
+                          f"  # {src.shape(('B', 'T', 'H'), d['dims'])}: softmax attention in causal blocks of {d['size']}, its window if asked")  # fmt: skip
         self.env[n] = _Value(name, False, ("B", "T", "H"))
         self.carried_windows.append(window)
 
@@ -363,7 +363,7 @@ is its kernel plan written out: the per-token work one line per node, each scan 
         m.use(runtime, "fuse")
         m.use(runtime + ".scan", "STATES_IN_PLACE")
     m.use(runtime + ".scan", "torch_scan")
-    params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan", "fused"), builtin_names=False)  # the call's body calls no builtin
+    params = Names(MODULE_NAMES + CALL_ARGUMENTS + (fn, "call", "scan", "fused", "attention"), builtin_names=False)  # the call's body calls no builtin
     args = {op.name: params.claim(op.name) for op in g.operands}
     operands = "".join(f"\n        {_operand(op)}," for op in compiled.signature.operands)
     states = "".join(f"\n        ({src.text(n)}, {src.names(s.dims)})," for n, s in g.states.items())
@@ -410,22 +410,29 @@ is its kernel plan written out: the per-token work one line per node, each scan 
         lines += ["    pick_backend(SIGNATURE.name, backend, call, list(TRITON_MISSING))  # refuses backend=\"triton\"",
                   f"    o, finals = forward(call, [(torch_scan, False)] * {len(compiled.plan.groups)})"]  # fmt: skip
     else:
+        attention = ", attention" if sig.blocks else ""  # block attention's kernel, when the scans' are Triton's
         lines += [
-            f"    scan, fused = [(torch_scan, False)] * {len(compiled.plan.groups)}, False",
+            f"    scan, fused{attention} = [(torch_scan, False)] * {len(compiled.plan.groups)}, False{', None' if sig.blocks else ''}",
             '    if backend != "torch":',
             "        from . import scans",
             "",
             "        scan = scans.choose(call, backend)",
             "        fused = scans.fused(scan, call)",
+            *(["        attention = scans.attention(scan)"] if sig.blocks else []),
             "    # on a GPU, torch.compile fuses the per-token work around the kernels (a compiled copy per in-place mode)",
-            "    o, finals = fuse.run(forward, SIGNATURE.name, call, scan, when=fused, version=STATES_IN_PLACE.get())",
+            f"    o, finals = fuse.run(forward, SIGNATURE.name, call, scan{attention}, when=fused, version=STATES_IN_PLACE.get())",
         ]
     lines += ["    return results(call, o, finals, output_final_state, SIGNATURE)" if carries else "    return results(call, o, finals, output_final_state)", "", ""]
     lines += ["def default_scale(sizes):", f'    """The scale when the call gives none: {scale_text}, for the call\'s dim sizes."""']
     lines += ["    " + line for line in default_scale(compiled, m)]
-    lines += ["", "", "def forward(call, scan):",
-              '    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group\'s normaliser):',
-              '    (o, [final state of each state]) in the compute dtype."""']  # fmt: skip
+    if sig.blocks:
+        lines += ["", "", "def forward(call, scan, attention=None):",
+                  '    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group\'s normaliser)',
+                  "    and attention block attention's kernel (None: torch's SDPA): (o, [final state of each state]) in the compute dtype.\"\"\""]  # fmt: skip
+    else:
+        lines += ["", "", "def forward(call, scan):",
+                  '    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group\'s normaliser):',
+                  '    (o, [final state of each state]) in the compute dtype."""']  # fmt: skip
     lines += ["    " + line if line else "" for line in body]
     m.write(*lines)
     return m.text()

@@ -102,6 +102,8 @@ def scans_module(compiled: Compiled, runtime: str, kernels: str) -> str:
     m.use(runtime + ".call", "remember")
     m.use(runtime + ".scan", "torch_scan")
     m.use(runtime + ".scan", "STATES_IN_PLACE")
+    if compiled.signature.blocks:
+        m.use(kernels, "block_attention")
     key_dims = list(dict.fromkeys(g.key_dim for g in compiled.plan.groups))
     checks = list(dict.fromkeys((g.states[0], d) for g in compiled.plan.groups for d in (g.key_dim, *g.value_dims) if d is not None))
     m.write(
@@ -170,5 +172,12 @@ def scans_module(compiled: Compiled, runtime: str, kernels: str) -> str:
         '    or around the recurrent kernel in a one-token decoding step (whose work unfused is one small kernel per operation)."""',
         "    kernels = [run.func for run, _ in scans if isinstance(run, functools.partial)]",
         "    return any(f is not recurrent.scan for f in kernels) or (call.longest == 1 and recurrent.scan in kernels)",
+        *(["",
+           "",
+           "def attention(scans):",
+           '    """Block attention\'s kernel (kernels/block_attention.py) when choose() picked the Triton kernels, else None (torch\'s',
+           '    SDPA)."""',
+           "    return block_attention.block_attention if any(run is not torch_scan for run, _ in scans) else None"]
+          if compiled.signature.blocks else []),
     )
     return m.text()
