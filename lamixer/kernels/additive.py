@@ -173,7 +173,7 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
         BW, BK, KB = walk_blocks(c, K, V, N * H, q.device)
         getattr(mod, f"{mod.NAME}_state_bwd")[(cdiv(V, BW), N * H, cdiv(K, KB))](
             q, qs, g, do, dht, dhs, dh0, *((doz, dzt, dzs, dz0) if ones else ()), cu_seqlens, offsets, T, BV=BW, KB=KB, num_warps=4,
-            num_stages=state_stages(q.dtype, K), **dict(common, BK=BK), **precise,
+            num_stages=state_stages(q.dtype, K, token_decay=mod.WALK_TOKEN_DECAY), **dict(common, BK=BK), **precise,
         )  # fmt: skip
     if NC * H == 0:
         if ones and N * H:

@@ -100,7 +100,8 @@ def state_key_block(K: int) -> int:
 def state_stages(work: torch.dtype, K: int, token_decay: bool = True) -> int:
     """The sequential state passes' pipeline stages, whatever the configuration's: three for 2-byte intermediates (each
     stage fewer roughly doubles a pass's time), four where the pass loads no per-token decay (token_decay false: its
-    loads are the key and value tiles alone, and a fourth stage shortens a long sequence's walk by up to a fifth),
+    loads are the key and value tiles alone, and a fourth stage shortens a long sequence's walk by up to a fifth
+    forward and by a thirteenth in reverse: chunk_additive's walks; scan_delta's passes were slower at four),
     two for float32 ones; above K = 128 one fewer, as more would not fit a Hopper block's shared memory
     (bench/results/NOTES.md, "Where the kernels' defaults come from")."""
     stages = (3 if token_decay else 4) if work.itemsize == 2 else 2
