@@ -5,9 +5,9 @@ What it saves against SDPA there: a non-finite key or value must reach only its 
 the masked scores of earlier rows would carry it (0 * inf). SDPA needs the caller's keys and values copied with those
 entries zeroed (two passes, and the copies kept for its backward) and the rows from them on made NaN after it (a third
 pass). Here the forward uses each tile as loaded, and each row checks once, at the end of its pass, whether it met a
-non-finite entry (its product row then holds one, or its least score is -inf); only a program where one did runs its
-keys again, the values zeroed where not finite and the rows and columns they reach made NaN (a dot of the causal
-mask against the bad entries). The gradient kernels zero non-finite keys and values as they load them: a row before
+non-finite entry (its product row then holds one, or its least score is -inf); a second launch runs again only the
+programs where one did, the values zeroed where not finite and the rows and columns they reach made NaN (a dot of the
+causal mask against the bad entries). The gradient kernels zero non-finite keys and values as they load them: a row before
 one takes none of it, the rows at and after it are NaN already. The backward keeps q, k and v alone
 and runs the forward again for o and each row's log-sum-exp: kept, o would be live beside the scans' gradients at a
 mixer's forward+backward peak (lln's: 3504 against 4126 bytes per token x head, bench/memory.py --fused), for one
@@ -102,12 +102,18 @@ def _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H: tl.constexpr, K: tl.co
 
 
 @triton.jit(do_not_specialize=["T", "size"])
-def block_attention_fwd_kernel(q, k, v, o, lse, tiles, cu_seqlens, scale, T, size, H: tl.constexpr, K: tl.constexpr,
+def block_attention_fwd_kernel(q, k, v, o, lse, met, tiles, cu_seqlens, scale, T, size, H: tl.constexpr, K: tl.constexpr,
                                V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                               IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
-    """o and each row's log-sum-exp for a tile of BM query rows: the keys they see in tiles of BN, the non-finite ones
-    handled in a second pass over the keys only where a row met one."""
+                               IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, CAREFUL: tl.constexpr):  # fmt: skip
+    """o and each row's log-sum-exp for a tile of BM query rows: the keys they see in tiles of BN. The first launch
+    (CAREFUL false) notes in `met` [programs] whether a row of the tile met a non-finite key or value; the second runs
+    again only the tiles where one did, handling them. Apart, the first holds 203 registers a thread on sm_90 (64-row
+    tiles, bf16), where one kernel with both passes held 255 and spilled."""
     i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_p = (i_b * H + i_h) * tl.num_programs(0) + i_m
+    if CAREFUL:
+        if tl.load(met + i_p) == 0:
+            return
     i_t, bos, L = _sequence(tiles, cu_seqlens, i_m, i_b, T, IS_VARLEN)
     ACC = tl.float64 if q.dtype.element_ty == tl.float64 else tl.float32
     o_m = tl.arange(0, BM)
@@ -115,9 +121,9 @@ def block_attention_fwd_kernel(q, k, v, o, lse, tiles, cu_seqlens, scale, T, siz
     m_rows = rows < L
     rows = tl.where(m_rows, rows, L - 1)  # rows past the sequence repeat its last (not stored)
     b_q = _rows(q, bos + i_t * BM, i_h, o_m, m_rows, H, K, BK)  # [BM, BK]
-    b_o, b_m, b_l, met = _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H, K, V, BM, BN, BK, BV, PRECISION, ACC, False)
-    if tl.max(met.to(tl.int32), 0) > 0:  # rare: the rows and columns a non-finite key or value reaches are NaN
-        b_o, b_m, b_l, met = _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H, K, V, BM, BN, BK, BV, PRECISION, ACC, True)
+    b_o, b_m, b_l, b_met = _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H, K, V, BM, BN, BK, BV, PRECISION, ACC, CAREFUL)
+    if not CAREFUL:
+        tl.store(met + i_p, tl.max(b_met.to(tl.int32), 0))
     b_o = b_o / b_l[:, None]
     o_v = tl.arange(0, BV)
     p_o = o + ((bos + i_t * BM) * H + i_h) * V + o_m[:, None] * (H * V) + o_v[None, :]
@@ -203,19 +209,27 @@ def block_attention_dkv_kernel(q, k, v, do, lse, delta, dk, dv, tiles, cu_seqlen
 LAUNCH = {"fwd": (64, 64, 4, 2), "dq": (64, 64, 4, 1), "dkv": (64, 64, 4, 1)}
 
 
-def _launch(kernel, which: str, q: torch.Tensor, cu_seqlens: torch.Tensor | None, *args, **kwargs) -> None:
-    """kernel over every tile of its rows of every sequence and head (none when there are none); above a head dim of
-    128, or of 512 bytes a row (float64 at 128 asked for 256 KiB of shared memory), tiles of at most 32 rows."""
+def _shape(which: str, q: torch.Tensor, V: int, cu_seqlens: torch.Tensor | None) -> tuple:
+    """(grid, tiles, own rows, other rows, warps, stages) of a kernel: every tile of its rows of every sequence and
+    head; above a head dim of 128, or of 512 bytes a row (float64 at 128 asked for 256 KiB of shared memory), tiles of
+    at most 32 rows."""
     B, T, H, K = q.shape
     own, other, warps, stages = LAUNCH[which]
-    D = max(K, kwargs["V"])
+    D = max(K, V)
     if D > 128 or D * q.element_size() > 512:
         own, other = min(own, 32), min(other, 32)
     n, tiles, _ = chunks(cu_seqlens, B, T, own)
-    if n and H:
-        grid = (cdiv(T, own), H, B) if cu_seqlens is None else (n, H, 1)
+    grid = (cdiv(T, own), H, B) if cu_seqlens is None else (n, H, 1)
+    return grid, tiles, own, other, warps, stages
+
+
+def _launch(kernel, which: str, q: torch.Tensor, cu_seqlens: torch.Tensor | None, *args, **kwargs) -> None:
+    """kernel over `_shape`'s grid (none when it is empty)."""
+    T, K = q.shape[1], q.shape[3]
+    grid, tiles, own, other, warps, stages = _shape(which, q, kwargs["V"], cu_seqlens)
+    if grid[0] * grid[1] * grid[2]:
         BM, BN = (other, own) if which == "dkv" else (own, other)
-        kernel[grid](*args, tiles, cu_seqlens, kwargs.pop("scale"), T, kwargs.pop("size"), H=H, K=K, BM=BM, BN=BN, BK=pow2(K),
+        kernel[grid](*args, tiles, cu_seqlens, kwargs.pop("scale"), T, kwargs.pop("size"), H=q.shape[2], K=K, BM=BM, BN=BN, BK=pow2(K),
                      IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION, num_warps=warps, num_stages=stages, **kwargs)  # fmt: skip
 
 
@@ -230,7 +244,10 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, si
     V = v.shape[-1]
     o = q.new_empty(B, T, H, V)
     lse = torch.empty(B, T, H, dtype=_stats_dtype(q), device=q.device)
-    _launch(block_attention_fwd_kernel, "fwd", q, cu_seqlens, q, k, v, o, lse, scale=scale, size=size, V=V, BV=pow2(V))
+    grid = _shape("fwd", q, V, cu_seqlens)[0]
+    met = torch.empty(grid[0] * grid[1] * grid[2], dtype=torch.int32, device=q.device)  # per program of the first launch
+    for careful in (False, True):
+        _launch(block_attention_fwd_kernel, "fwd", q, cu_seqlens, q, k, v, o, lse, met, scale=scale, size=size, V=V, BV=pow2(V), CAREFUL=careful)
     return o, lse
 
 
