@@ -53,6 +53,12 @@ def test_explain_prints_classification_and_plan(tmp_path):
     assert any(node["op"] == "state_in" for node in graph["nodes"])
 
 
+def test_explain_names_block_attentions_kernels():
+    code, out = run("explain", "lln")
+    assert code == 0, out
+    assert "block attention (line 22): block_attention_{fwd_kernel, dq_kernel, dkv_kernel}" in out
+
+
 def test_explain_draws_png(tmp_path):
     code, out = run("explain", "gsa", "--graph", str(tmp_path / "g.png"))
     assert code == 0, out

@@ -190,7 +190,9 @@ def _readme(c: Compiled, pkg: str, function: str, configs, missing: list[str], s
                      "every other call runs on the torch fallback: " + "; ".join(missing) + ".")  # fmt: skip
     else:
         lines.append(f"On CUDA the scans run on the kernels in `{where}kernels/`, float32 accumulation: {', '.join(chunk)}, and for {short}, "
-                     f"{', '.join(rec)}. Float64 calls and calls with a head dim above 256 run on the torch fallback.")  # fmt: skip
+                     f"{', '.join(rec)}. Float64 calls and calls with a head dim above 256 run on the torch fallback."
+                     + (" Block attention runs on `block_attention.py` beside them whenever the scans run on Triton (on torch's SDPA where a call "
+                        "continues a window)." if c.signature.blocks else ""))  # fmt: skip
     lines += [
         "",
         "## Files",

@@ -140,6 +140,9 @@ def _kernels(c: Compiled) -> list[str]:
             if g.strengths:
                 strengths = ", ".join(expr(c.graph, n) for n in g.strengths)
                 lines.append(f"    write keys: -strength * erase key, strength {strengths} (the chunk kernels scale their products by it: no write key tensor)")
+        for n in c.classification.side_branches:
+            lines.append(f"  block attention (line {c.graph.node(n)['loc'].line}): block_attention_{{fwd_kernel, dq_kernel, dkv_kernel}}"
+                         " (torch's SDPA where a call continues a window)")
     if any(g.decode is None for g in groups):
         return lines + (["recurrent kernel: none (" + "; ".join(missing or ["a scan without reads"]) + ")"] if groups else [])
     lines.append(f"recurrent kernel (inference, sequences of at most {MAX_T} tokens):")
