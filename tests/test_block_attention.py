@@ -67,6 +67,17 @@ def test_a_non_finite_key_or_value_reaches_its_own_and_later_rows_of_its_block_o
     assert o[1, 100:128, 0].isnan().all() and not o[1, 128:, 0].isnan().any()
 
 
+def test_packed_sequences_keep_a_non_finite_value_in_its_own_sequence():
+    """The careful launch finds its programs' marks under packed sequences' tiles too."""
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 90, 2, 16, dtype=torch.float64) for _ in range(3))
+    cu = torch.tensor([0, 20, 70, 90])
+    v[0, 40, 1, 3] = float("inf")  # the second sequence's token 20: its block of 16 is tokens 16..31 (rows 36..51)
+    o, want = block_attention(q, k, v, 0.3, 16, cu), sdpa(q, k, v, 0.3, 16, cu)
+    assert torch.equal(o.isnan(), want.isnan()) and o[0, 40:52, 1, 3].isnan().all() and o.isnan().sum() == 12
+    assert rel(o.nan_to_num(7.0), want.nan_to_num(7.0)) < 1e-12
+
+
 def test_empty_inputs():
     q = torch.randn(2, 0, 2, 16)
     assert block_attention(q, q, q, 1.0, 16).shape == (2, 0, 2, 16)
