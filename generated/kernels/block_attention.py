@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import NAMESPACE, PRECISION, cdiv, chunks, pow2
+from .launch import NAMESPACE, PRECISION, cdiv, chunks, pow2, run_scan_op
 
 
 @triton.jit
@@ -46,6 +46,14 @@ def _rows(x, first, i_h, o_r, m_r, H: tl.constexpr, D: tl.constexpr, BD: tl.cons
     """Rows first + o_r of x [.., H, D] at head i_h, masked by m_r: [BR, BD] (the base offset in int64, the rest small)."""
     o_d = tl.arange(0, BD)
     return tl.load(x + (first * H + i_h) * D + o_r[:, None] * (H * D) + o_d[None, :], mask=m_r[:, None] & (o_d[None, :] < D), other=0.0)
+
+
+@triton.jit
+def _put_rows(x, value, first, i_h, o_r, m_r, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """Store value [BR, BD] as rows first + o_r of x [.., H, D] at head i_h, masked by m_r (_rows' addressing)."""
+    o_d = tl.arange(0, BD)
+    tl.store(x + (first * H + i_h) * D + o_r[:, None] * (H * D) + o_d[None, :], value.to(x.dtype.element_ty),
+             mask=m_r[:, None] & (o_d[None, :] < D))  # fmt: skip
 
 
 @triton.jit
@@ -125,9 +133,7 @@ def block_attention_fwd_kernel(q, k, v, o, lse, met, tiles, cu_seqlens, scale, T
     if not CAREFUL:
         tl.store(met + i_p, tl.max(b_met.to(tl.int32), 0))
     b_o = b_o / b_l[:, None]
-    o_v = tl.arange(0, BV)
-    p_o = o + ((bos + i_t * BM) * H + i_h) * V + o_m[:, None] * (H * V) + o_v[None, :]
-    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_rows[:, None] & (o_v[None, :] < V))
+    _put_rows(o, b_o, bos + i_t * BM, i_h, o_m, m_rows, H, V, BV)
     tl.store(lse + (bos + i_t * BM + o_m) * H + i_h, (b_m + tl.log(b_l)).to(lse.dtype.element_ty), mask=m_rows)
 
 
@@ -165,9 +171,7 @@ def block_attention_dq_kernel(q, k, v, o, do, lse, delta, dq, tiles, cu_seqlens,
         b_v = _finite(_rows(v, bos + j, i_h, o_n, cols < L, H, V, BV))
         b_p, b_ds = _weights(b_q, b_k, b_v, b_do, b_lse, b_delta, _seen(rows, cols, L, size), scale, PRECISION, ACC)  # [BM, BN]
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, out_dtype=ACC, input_precision=PRECISION)
-    o_k = tl.arange(0, BK)
-    p_dq = dq + (first * H + i_h) * K + o_m[:, None] * (H * K) + o_k[None, :]
-    tl.store(p_dq, (b_dq * scale).to(dq.dtype.element_ty), mask=m_rows[:, None] & (o_k[None, :] < K))
+    _put_rows(dq, b_dq * scale, first, i_h, o_m, m_rows, H, K, BK)
 
 
 @triton.jit(do_not_specialize=["T", "size"])
@@ -197,11 +201,8 @@ def block_attention_dkv_kernel(q, k, v, do, lse, delta, dk, dv, tiles, cu_seqlen
         b_p, b_ds = _weights(b_q, b_k, b_v, b_do, b_lse, b_delta, _seen(rows, cols, L, size), scale, PRECISION, ACC)  # [BM, BN]
         b_dv += tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do, out_dtype=ACC, input_precision=PRECISION)
         b_dk += tl.dot(tl.trans(b_ds.to(b_q.dtype)), b_q, out_dtype=ACC, input_precision=PRECISION)
-    o_k, o_v = tl.arange(0, BK), tl.arange(0, BV)
-    p_dk = dk + (first * H + i_h) * K + o_n[:, None] * (H * K) + o_k[None, :]
-    p_dv = dv + (first * H + i_h) * V + o_n[:, None] * (H * V) + o_v[None, :]
-    tl.store(p_dk, (b_dk * scale).to(dk.dtype.element_ty), mask=m_cols[:, None] & (o_k[None, :] < K))
-    tl.store(p_dv, b_dv.to(dv.dtype.element_ty), mask=m_cols[:, None] & (o_v[None, :] < V))
+    _put_rows(dk, b_dk * scale, first, i_h, o_n, m_cols, H, K, BK)
+    _put_rows(dv, b_dv, first, i_h, o_n, m_cols, H, V, BV)
 
 
 # (rows a program owns, rows of the other side per step, num_warps, num_stages) per kernel: the fastest of those
@@ -264,8 +265,10 @@ def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tenso
     return dq, dk, dv
 
 
-def _output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int, cu_seqlens: torch.Tensor | None) -> torch.Tensor:
-    return _forward(q, k, v, scale, size, cu_seqlens)[0]
+def _output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int,
+            cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor]:  # fmt: skip
+    """(o,): a tuple, as launch.run_scan_op takes a scan's outputs."""
+    return _forward(q, k, v, scale, size, cu_seqlens)[:1]
 
 
 block_attention_op = torch.library.custom_op(f"{NAMESPACE}::block_attention", _output, mutates_args=())
@@ -274,7 +277,7 @@ block_attention_backward = torch.library.custom_op(f"{NAMESPACE}::block_attentio
 
 @block_attention_op.register_fake
 def _(q, k, v, scale, size, cu_seqlens):
-    return q.new_empty(*q.shape[:3], v.shape[-1])
+    return (q.new_empty(*q.shape[:3], v.shape[-1]),)
 
 
 @block_attention_backward.register_fake
@@ -301,9 +304,9 @@ class _EagerBlockAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *inputs):
-        o = _output(*inputs)
-        _save(ctx, inputs, o)
-        return o
+        out = _output(*inputs)
+        _save(ctx, inputs, out)
+        return out
 
     @staticmethod
     def backward(ctx, do):
@@ -315,8 +318,4 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     """Causal softmax attention (scores times `scale`) within blocks of `size` tokens of every sequence: [B, T, H, K]
     queries and keys, [B, T, H, V] values (all of one dtype, on the kernels' device) -> o [B, T, H, V]."""
     args = (q.contiguous(), k.contiguous(), v.contiguous(), float(scale), int(size), cu_seqlens)
-    if torch.compiler.is_compiling():
-        return block_attention_op(*args)
-    if torch.is_grad_enabled() and any(x.requires_grad for x in args[:3]):
-        return _EagerBlockAttention.apply(*args)
-    return _output(*args)
+    return run_scan_op(block_attention_op, _EagerBlockAttention, _output, args, args[:3], n=1)[0]
