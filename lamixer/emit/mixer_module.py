@@ -425,14 +425,11 @@ is its kernel plan written out: the per-token work one line per node, each scan 
     lines += ["    return results(call, o, finals, output_final_state, SIGNATURE)" if carries else "    return results(call, o, finals, output_final_state)", "", ""]
     lines += ["def default_scale(sizes):", f'    """The scale when the call gives none: {scale_text}, for the call\'s dim sizes."""']
     lines += ["    " + line for line in default_scale(compiled, m)]
-    if sig.blocks:
-        lines += ["", "", "def forward(call, scan, attention=None):",
-                  '    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group\'s normaliser)',
-                  "    and attention block attention's kernel (None: torch's SDPA): (o, [final state of each state]) in the compute dtype.\"\"\""]  # fmt: skip
-    else:
-        lines += ["", "", "def forward(call, scan):",
-                  '    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group\'s normaliser):',
-                  '    (o, [final state of each state]) in the compute dtype."""']  # fmt: skip
+    lines += ["", "", f"def forward(call, scan{', attention=None' if sig.blocks else ''}):",
+              '    """The kernel plan on a bound call, with scan[i] = (what runs scan group i, whether it carries the group\'s normaliser)'
+              + ("" if sig.blocks else ":"),
+              ("    and attention block attention's kernel (None: torch's SDPA): " if sig.blocks else "    ")
+              + '(o, [final state of each state]) in the compute dtype."""']  # fmt: skip
     lines += ["    " + line if line else "" for line in body]
     m.write(*lines)
     return m.text()
