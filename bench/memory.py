@@ -14,6 +14,10 @@ torch.compile as on a GPU (runtime/fuse.py; needs a C++ compiler for inductor's 
 those of a call under saved-tensor hooks, which torch.compile partitions apart: read the held bytes instead).
 --at-peak lists what is live at the forward+backward peak: each allocation by where it was made (the forward or the
 backward, the compiled graph, the lamixer op around it), from the profiler's trace, which names each block's address.
+--cuda measures on the GPU instead (the kernels compiled, the per-token work fused), from the caching allocator's
+history: the peak and what is live at it, each block by the innermost lamixer or compiled-graph line that made it.
+
+    python bench/memory.py lln --cuda --B 4 --T 8192 --H 16 --at-peak
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import os
 import tempfile
 import traceback
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TRITON_INTERPRET", "0" if "--cuda" in os.sys.argv else "1")
 
 import torch  # noqa: E402
 
@@ -117,6 +121,59 @@ def live_at_peak(fn) -> list[tuple[int, str]]:
     return sorted(((n, where(ts)) for n, ts in at_peak.values()), key=lambda r: -r[0])
 
 
+def _made_at(frames: list[dict]) -> str:
+    """Where a CUDA block was made: the backward or the forward, and the innermost lamixer or compiled-graph lines."""
+    names = [f"{f['filename'].rpartition('/')[2]}:{f['line']}" for f in frames
+             if "/lamixer/" in f["filename"] or "torchinductor" in f["filename"]]  # fmt: skip
+    side = "backward" if any(f["name"] == "backward" for f in frames) else "forward"
+    return " > ".join([side] + names[:2][::-1])
+
+
+def cuda_peak(fn) -> tuple[int, list[tuple[int, str]]]:
+    """The peak of the bytes fn() holds on the GPU above what was allocated before it, and (bytes, where) of each block
+    live then, largest first (the caching allocator's history, with Python stacks)."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(stacks="python", max_entries=1_000_000)
+    try:
+        fn()
+        torch.cuda.synchronize()
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    live: dict[int, tuple[int, str]] = {}
+    total = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], _made_at(e["frames"]))
+            total += e["size"]
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            total -= live.pop(e["addr"])[0]
+    return peak, sorted(at_peak.values(), key=lambda r: -r[0])
+
+
+def measure_cuda(name: str, B: int, T: int, H: int, D: int) -> dict:
+    m = lamixer.load(name)
+    tensors, _ = random_call(m, B=B, T=T, H=H, size=D, dtype=torch.bfloat16, device="cuda", initial_state=False, distinct=False)
+    tensors = {k: v.requires_grad_() for k, v in tensors.items()}
+    do = torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda")
+
+    def fb():
+        for t in tensors.values():
+            t.grad = None
+        m(**tensors, backend="triton")[0].backward(do)
+
+    for _ in range(3):  # the first call of a signature runs unfused; the second compiles
+        fb()
+    for t in tensors.values():
+        t.grad = None
+    peak, live = cuda_peak(fb)
+    units = B * T * H
+    return dict(work=peak / units, units=units, live=live)
+
+
 def measure(name: str, B: int, T: int, H: int, D: int, fused: bool = False, at_peak: bool = False) -> dict:
     m = lamixer.load(name)
     tensors, _ = random_call(m, B=B, T=T, H=H, size=D, dtype=torch.bfloat16, initial_state=False, distinct=False)
@@ -165,7 +222,16 @@ def main() -> None:
     p.add_argument("--fused", action="store_true", help="the per-token work under torch.compile, as on a GPU")
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--at-peak", action="store_true", help="list what is live at the forward+backward peak, by where it was made")
+    p.add_argument("--cuda", action="store_true", help="measure on the GPU (the caching allocator's history)")
     args = p.parse_args()
+    if args.cuda:
+        r = measure_cuda(args.spec, args.B, args.T, args.H, args.D)
+        print(f"{args.spec}: B={args.B} T={args.T} H={args.H} D={args.D}, bf16, on the GPU")
+        print(f"forward+backward peak above the inputs: {r['work']:.0f} bytes per token x head"
+              f" -> {r['work'] * r['units'] / 2**30:.3f} GiB")  # fmt: skip
+        if args.at_peak:
+            print(*(f"{n / r['units']:7.0f}  {w}" for n, w in r["live"][: args.top]), sep="\n")
+        return
     if args.emulate:
         from lamixer.backends import evaluate
         from lamixer.tools import emulate
