@@ -92,3 +92,18 @@ def test_a_scale_per_token_multiplies_q_before_the_kernel(backend):
     c = compare(m, backend, tensors, None, seed=3)
     bad = {k: f"{v:.2e}" for k, v in c.errors.items() if not v < 1e-12}
     assert not bad, bad
+
+
+@pytest.mark.parametrize("cu", [None, [0, 7, 30, 50]])
+def test_the_epilogue_adds_the_residual_and_scales_in_the_kernel(cu):
+    """o = weight * (attention + residual), and the residual's gradient weight * do (the plan's epilogue)."""
+    torch.manual_seed(4)
+    q, k, v, r = (torch.randn(1, 50, 2, d, dtype=torch.float64, requires_grad=True) for d in (16, 16, 24, 24))
+    cu = None if cu is None else torch.tensor(cu)
+    o = block_attention(q, k, v, 0.3, 16, cu, r, -0.7)
+    want = -0.7 * (sdpa(q, k, v, 0.3, 16, cu) + r)
+    do = torch.randn_like(want)
+    got, expected = torch.autograd.grad(o, (q, k, v, r), do), torch.autograd.grad(want, (q, k, v, r), do)
+    assert rel(o, want) < 1e-12
+    for name, a, b in zip(("q", "k", "v", "residual"), got, expected):
+        assert rel(a, b) < 1e-12, f"d{name}"

@@ -13,6 +13,11 @@ and runs the forward again for o and each row's log-sum-exp: kept, o would be li
 mixer's forward+backward peak (lln's: 3504 against 4126 bytes per token x head, bench/memory.py --fused), for one
 more forward pass of a few percent of the mixer's time.
 
+An epilogue the kernel plan folds in (passes/epilogue.py): o = weight * (attention + residual), stored as the mixer's
+output where that sum and factor end it, so no pass adds them and the backward takes the output's gradient as it comes
+(a scaled copy of it made for this op was live at lln's peak). Every gradient is linear in do: the gradient kernels
+run on do as given and scale what they store; the residual's gradient is weight * do.
+
 One program per tile of BM query rows (forward, dq) or BN key rows (dk, dv), per head and sequence; a tile may straddle
 two blocks, each row masked to its own. Packed sequences (cu_seqlens) take the tiles launch.chunks lists. The torch
 backend keeps SDPA (torch only); so does a call that continues a window (runtime/carry.py).
@@ -110,10 +115,12 @@ def _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H: tl.constexpr, K: tl.co
 
 
 @triton.jit(do_not_specialize=["T", "size"])
-def block_attention_fwd_kernel(q, k, v, o, lse, met, tiles, cu_seqlens, scale, T, size, H: tl.constexpr, K: tl.constexpr,
+def block_attention_fwd_kernel(q, k, v, r, o, lse, met, tiles, cu_seqlens, scale, weight, T, size, H: tl.constexpr, K: tl.constexpr,
                                V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                               IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, CAREFUL: tl.constexpr):  # fmt: skip
-    """o and each row's log-sum-exp for a tile of BM query rows: the keys they see in tiles of BN. The first launch
+                               IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, CAREFUL: tl.constexpr,
+                               RESIDUAL: tl.constexpr):  # fmt: skip
+    """o = weight * (attention + r) (r where RESIDUAL) and each row's log-sum-exp of its scores, for a tile of BM query
+    rows: the keys they see in tiles of BN. The first launch
     (CAREFUL false) notes in `met` [programs] whether a row of the tile met a non-finite key or value; the second runs
     again only the tiles where one did, handling them. Apart, the first holds 203 registers a thread on sm_90 (64-row
     tiles, bf16), where one kernel with both passes held 255 and spilled."""
@@ -133,7 +140,9 @@ def block_attention_fwd_kernel(q, k, v, o, lse, met, tiles, cu_seqlens, scale, T
     if not CAREFUL:
         tl.store(met + i_p, tl.max(b_met.to(tl.int32), 0))
     b_o = b_o / b_l[:, None]
-    _put_rows(o, b_o, bos + i_t * BM, i_h, o_m, m_rows, H, V, BV)
+    if RESIDUAL:
+        b_o += _rows(r, bos + i_t * BM, i_h, o_m, m_rows, H, V, BV).to(ACC)
+    _put_rows(o, b_o * weight, bos + i_t * BM, i_h, o_m, m_rows, H, V, BV)
     tl.store(lse + (bos + i_t * BM + o_m) * H + i_h, (b_m + tl.log(b_l)).to(lse.dtype.element_ty), mask=m_rows)
 
 
@@ -147,7 +156,7 @@ def _weights(b_q, b_k, b_v, b_do, b_lse, b_delta, seen, scale, PRECISION: tl.con
 
 
 @triton.jit(do_not_specialize=["T", "size"])
-def block_attention_dq_kernel(q, k, v, o, do, lse, delta, dq, tiles, cu_seqlens, scale, T, size, H: tl.constexpr, K: tl.constexpr,
+def block_attention_dq_kernel(q, k, v, o, do, lse, delta, dq, tiles, cu_seqlens, scale, weight, T, size, H: tl.constexpr, K: tl.constexpr,
                               V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                               IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     """dq of a query tile, and each of its rows' delta = rowsum(dO * O), which the key tiles' kernel reads. Keys and
@@ -171,11 +180,11 @@ def block_attention_dq_kernel(q, k, v, o, do, lse, delta, dq, tiles, cu_seqlens,
         b_v = _finite(_rows(v, bos + j, i_h, o_n, cols < L, H, V, BV))
         b_p, b_ds = _weights(b_q, b_k, b_v, b_do, b_lse, b_delta, _seen(rows, cols, L, size), scale, PRECISION, ACC)  # [BM, BN]
         b_dq += tl.dot(b_ds.to(b_k.dtype), b_k, out_dtype=ACC, input_precision=PRECISION)
-    _put_rows(dq, b_dq * scale, first, i_h, o_m, m_rows, H, K, BK)
+    _put_rows(dq, b_dq * (scale * weight), first, i_h, o_m, m_rows, H, K, BK)
 
 
 @triton.jit(do_not_specialize=["T", "size"])
-def block_attention_dkv_kernel(q, k, v, do, lse, delta, dk, dv, tiles, cu_seqlens, scale, T, size, H: tl.constexpr,
+def block_attention_dkv_kernel(q, k, v, do, lse, delta, dk, dv, tiles, cu_seqlens, scale, weight, T, size, H: tl.constexpr,
                                K: tl.constexpr, V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                                BV: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr):  # fmt: skip
     """dk and dv of a key tile: the query rows from its first key to the end of its last key's block."""
@@ -201,8 +210,8 @@ def block_attention_dkv_kernel(q, k, v, do, lse, delta, dk, dv, tiles, cu_seqlen
         b_p, b_ds = _weights(b_q, b_k, b_v, b_do, b_lse, b_delta, _seen(rows, cols, L, size), scale, PRECISION, ACC)  # [BM, BN]
         b_dv += tl.dot(tl.trans(b_p.to(b_do.dtype)), b_do, out_dtype=ACC, input_precision=PRECISION)
         b_dk += tl.dot(tl.trans(b_ds.to(b_q.dtype)), b_q, out_dtype=ACC, input_precision=PRECISION)
-    _put_rows(dk, b_dk * scale, first, i_h, o_n, m_cols, H, K, BK)
-    _put_rows(dv, b_dv, first, i_h, o_n, m_cols, H, V, BV)
+    _put_rows(dk, b_dk * (scale * weight), first, i_h, o_n, m_cols, H, K, BK)
+    _put_rows(dv, b_dv * weight, first, i_h, o_n, m_cols, H, V, BV)
 
 
 # (rows a program owns, rows of the other side per step, num_warps, num_stages) per kernel: the fastest of those
@@ -230,7 +239,7 @@ def _launch(kernel, which: str, q: torch.Tensor, cu_seqlens: torch.Tensor | None
     grid, tiles, own, other, warps, stages = _shape(which, q, kwargs["V"], cu_seqlens)
     if grid[0] * grid[1] * grid[2]:
         BM, BN = (other, own) if which == "dkv" else (own, other)
-        kernel[grid](*args, tiles, cu_seqlens, kwargs.pop("scale"), T, kwargs.pop("size"), H=q.shape[2], K=K, BM=BM, BN=BN, BK=pow2(K),
+        kernel[grid](*args, tiles, cu_seqlens, kwargs.pop("scale"), kwargs.pop("weight"), T, kwargs.pop("size"), H=q.shape[2], K=K, BM=BM, BN=BN, BK=pow2(K),
                      IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION, num_warps=warps, num_stages=stages, **kwargs)  # fmt: skip
 
 
@@ -238,9 +247,10 @@ def _stats_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int,
-             cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(o [B, T, H, V] in q's dtype, each row's log-sum-exp of its scaled scores [B, T, H])."""
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int, cu_seqlens: torch.Tensor | None,
+             residual: torch.Tensor | None = None, weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(o = weight * (attention + residual) [B, T, H, V] in q's dtype, each row's log-sum-exp of its scaled scores
+    [B, T, H])."""
     B, T, H, _ = q.shape
     V = v.shape[-1]
     o = q.new_empty(B, T, H, V)
@@ -248,27 +258,31 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, si
     grid = _shape("fwd", q, V, cu_seqlens)[0]
     met = torch.empty(grid[0] * grid[1] * grid[2], dtype=torch.int32, device=q.device)  # per program of the first launch
     for careful in (False, True):
-        _launch(block_attention_fwd_kernel, "fwd", q, cu_seqlens, q, k, v, o, lse, met, scale=scale, size=size, V=V, BV=pow2(V), CAREFUL=careful)
+        _launch(block_attention_fwd_kernel, "fwd", q, cu_seqlens, q, k, v, residual, o, lse, met, scale=scale, weight=weight, size=size,
+                V=V, BV=pow2(V), CAREFUL=careful, RESIDUAL=residual is not None)  # fmt: skip
     return o, lse
 
 
-def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
-              scale: float, size: int, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(dq, dk, dv) from the operands and o's gradient."""
+def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, scale: float, size: int,
+              cu_seqlens: torch.Tensor | None, weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(dq, dk, dv) from the operands and the gradient of o = weight * (attention + residual): the attention's own,
+    run again without the epilogue, with each gradient scaled by weight as it is stored."""
     o, lse = _forward(q, k, v, scale, size, cu_seqlens)
     V = v.shape[-1]
     do = do.contiguous()
     delta = torch.empty_like(lse)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _launch(block_attention_dq_kernel, "dq", q, cu_seqlens, q, k, v, o, do, lse, delta, dq, scale=scale, size=size, V=V, BV=pow2(V))
-    _launch(block_attention_dkv_kernel, "dkv", q, cu_seqlens, q, k, v, do, lse, delta, dk, dv, scale=scale, size=size, V=V, BV=pow2(V))
+    _launch(block_attention_dq_kernel, "dq", q, cu_seqlens, q, k, v, o, do, lse, delta, dq, scale=scale, weight=weight, size=size, V=V,
+            BV=pow2(V))  # fmt: skip
+    _launch(block_attention_dkv_kernel, "dkv", q, cu_seqlens, q, k, v, do, lse, delta, dk, dv, scale=scale, weight=weight, size=size,
+            V=V, BV=pow2(V))  # fmt: skip
     return dq, dk, dv
 
 
-def _output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int,
-            cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor]:  # fmt: skip
+def _output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int, cu_seqlens: torch.Tensor | None,
+            residual: torch.Tensor | None, weight: float) -> tuple[torch.Tensor]:  # fmt: skip
     """(o,): a tuple, as launch.run_scan_op takes a scan's outputs."""
-    return _forward(q, k, v, scale, size, cu_seqlens)[:1]
+    return _forward(q, k, v, scale, size, cu_seqlens, residual, weight)[:1]
 
 
 block_attention_op = torch.library.custom_op(f"{NAMESPACE}::block_attention", _output, mutates_args=())
@@ -276,24 +290,27 @@ block_attention_backward = torch.library.custom_op(f"{NAMESPACE}::block_attentio
 
 
 @block_attention_op.register_fake
-def _(q, k, v, scale, size, cu_seqlens):
+def _(q, k, v, scale, size, cu_seqlens, residual, weight):
     return (q.new_empty(*q.shape[:3], v.shape[-1]),)
 
 
 @block_attention_backward.register_fake
-def _(q, k, v, do, scale, size, cu_seqlens):
+def _(q, k, v, do, scale, size, cu_seqlens, weight=1.0):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _save(ctx, inputs, output) -> None:
-    q, k, v, scale, size, cu_seqlens = inputs
+    q, k, v, scale, size, cu_seqlens, residual, weight = inputs
     ctx.save_for_backward(q, k, v, cu_seqlens)
     ctx.shape = (scale, size)
+    ctx.weight = weight
+    ctx.residual = residual is not None
 
 
 def _grads(ctx, do, backward) -> tuple:
     q, k, v, cu_seqlens = ctx.saved_tensors
-    return (*backward(q, k, v, do, *ctx.shape, cu_seqlens), None, None, None)
+    dr = do * ctx.weight if ctx.residual else None
+    return (*backward(q, k, v, do, *ctx.shape, cu_seqlens, ctx.weight), None, None, None, dr, None)
 
 
 block_attention_op.register_autograd(lambda ctx, do: _grads(ctx, do, block_attention_backward), setup_context=_save)
@@ -314,8 +331,11 @@ class _EagerBlockAttention(torch.autograd.Function):
 
 
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, size: int,
-                    cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """Causal softmax attention (scores times `scale`) within blocks of `size` tokens of every sequence: [B, T, H, K]
-    queries and keys, [B, T, H, V] values (all of one dtype, on the kernels' device) -> o [B, T, H, V]."""
-    args = (q.contiguous(), k.contiguous(), v.contiguous(), float(scale), int(size), cu_seqlens)
-    return run_scan_op(block_attention_op, _EagerBlockAttention, _output, args, args[:3], n=1)[0]
+                    cu_seqlens: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                    weight: float = 1.0) -> torch.Tensor:  # fmt: skip
+    """weight * (causal softmax attention (scores times `scale`) within blocks of `size` tokens of every sequence +
+    residual): [B, T, H, K] queries and keys, [B, T, H, V] values and residual (all of one dtype, on the kernels'
+    device) -> o [B, T, H, V]."""
+    r = None if residual is None else residual.contiguous()
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), float(scale), int(size), cu_seqlens, r, float(weight))
+    return run_scan_op(block_attention_op, _EagerBlockAttention, _output, args, (*args[:3], r), n=1)[0]

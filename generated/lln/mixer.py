@@ -113,7 +113,6 @@ def forward(call, scan, attention=None):
     )
     t39 = z_read + 1e-05  # [B, T, H]
     o_lln = S_read / t39[..., None]  # [B, T, H, V]
-    o_diag, window0 = block_attention(call, 0, q, k, v, scale, K, attention_dtype(call), attention)  # [B, T, H, V]: softmax attention in causal blocks of K, its window if asked
-    t43 = o_lln + o_diag  # [B, T, H, V]
-    o = t43 / 2.0  # [B, T, H, V]
+    # 0.5 * (the attention + o_lln), added and scaled as the kernel stores it
+    o, window0 = block_attention(call, 0, q, k, v, scale, K, attention_dtype(call), attention, o_lln, 0.5)  # [B, T, H, V]: causal softmax in blocks of K, its window if asked
     return o.to(call.out_dtype), [S, z] + extras(call, [window0], [(t5, ()), (t6, ()), (t24, ("batch", "head"))])

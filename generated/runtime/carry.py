@@ -150,13 +150,16 @@ def reported(call, value: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor
 
 
 # ---- block attention ----
-def block_attention(call, index: int, q, k, v, scale, size: int, dtype: torch.dtype | None, kernel=None) -> tuple[torch.Tensor, tuple | None]:
-    """Block attention number `index` of a call over [B, T, H, D] tensors: (o in q's dtype, the window after the call
-    or None unless asked for). Without a window given or asked for, runtime.scan's, which knows of none, on `kernel`
-    when the backend gives one (scan.block_attention)."""
+def block_attention(call, index: int, q, k, v, scale, size: int, dtype: torch.dtype | None, kernel=None,
+                    residual: torch.Tensor | None = None, weight: float = 1.0) -> tuple[torch.Tensor, tuple | None]:  # fmt: skip
+    """Block attention number `index` of a call over [B, T, H, D] tensors, with the plan's epilogue (weight *
+    (attention + residual), scan.epilogue): (o, the window after the call or None unless asked for). Without a
+    window given or asked for, runtime.scan's, which knows of none, on `kernel` when the backend gives one
+    (scan.block_attention)."""
     if call.window is None and not call.output_window:
-        return scan.block_attention(q, k, v, scale, size, call.cu_seqlens, dtype, kernel), None
-    return attend(call, index, q, k, v, scale, size, dtype)
+        return scan.block_attention(q, k, v, scale, size, call.cu_seqlens, dtype, kernel, residual, weight), None
+    o, window = attend(call, index, q, k, v, scale, size, dtype)
+    return scan.epilogue(o, residual, weight), window
 
 
 def attend(call, index: int, q, k, v, scale, size: int, dtype: torch.dtype | None) -> tuple[torch.Tensor, tuple | None]:

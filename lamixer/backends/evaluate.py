@@ -330,7 +330,7 @@ class _Evaluator:
         return reduce(self.call, node["name"], node["fn"], self.full(node["args"][0]), node["groups"])
 
     def block_attention(self, n: int) -> torch.Tensor:
-        q, k, v, scale = self.nodes[n]["args"]
+        q, k, v, scale, *residual = self.nodes[n]["args"]  # the plan's epilogue: a residual and a weight (passes/epilogue.py)
         size = self.nodes[n]["size"]
         size = size if isinstance(size, int) else self.call.sizes[size]
         call = self.call
@@ -343,7 +343,8 @@ class _Evaluator:
 
         attend = block_attention if call.context_parallel is None else parallel.block_attention
         o, self.windows[n] = attend(call, self.prog.blocks[n], operand(q), operand(k), operand(v), self.value(scale) if number is None else number,
-                                             size, dtype, self.attention)  # fmt: skip
+                                    size, dtype, self.attention, self.full(residual[0]) if residual else None,
+                                    self.nodes[n].get("weight", 1.0))  # fmt: skip
         return o.to(call.compute_dtype)
 
     def prologue(self, scans: list[Scan], dtype: torch.dtype | None = None) -> list[tuple]:

@@ -170,13 +170,16 @@ class MixerWriter:
         d = self.nodes[n]
         self.m.use(self.m.runtime + ".carry", "block_attention")
         self.m.use(self.m.runtime + ".scan", "attention_dtype")
-        q, k, v, scale = d["args"]
+        q, k, v, scale, *residual = d["args"]  # the plan's epilogue: a residual and a weight (passes/epilogue.py)
         size = str(d["size"]) if isinstance(d["size"], int) else self.dims[d["size"]]
-        args = ", ".join([self.full(q), self.full(k), self.full(v), self.env[scale].code, size])
+        args = ", ".join([self.full(q), self.full(k), self.full(v), self.env[scale].code, size, "attention_dtype(call)", "attention"]
+                         + ([self.full(residual[0]), repr(d["weight"])] if residual else []))  # fmt: skip
         index = len(self.carried_windows)
         name, window = self.spec_names.get(n) or self.names.claim(f"t{n}"), self.names.claim(f"window{index}")
-        self.lines.append(f"{name}, {window} = {self.m.uses(f'block_attention(call, {index}, {args}, attention_dtype(call), attention)')}"
-                          f"  # {src.shape(('B', 'T', 'H'), d['dims'])}: softmax attention in causal blocks of {d['size']}, its window if asked")  # fmt: skip
+        if residual:
+            self.lines.append(f"# {d['weight']!r} * (the attention + {self.env[residual[0]].code}), added and scaled as the kernel stores it")
+        self.lines.append(f"{name}, {window} = {self.m.uses(f'block_attention(call, {index}, {args})')}"
+                          f"  # {src.shape(('B', 'T', 'H'), d['dims'])}: causal softmax in blocks of {d['size']}, its window if asked")  # fmt: skip
         self.env[n] = _Value(name, False, ("B", "T", "H"))
         self.carried_windows.append(window)
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from ..runtime.carry import extras as carry_extras
 from ..runtime.carry import statistic as carry_statistic
 from ..runtime.errors import LamixerError
-from ..runtime.scan import POSITIONS, ScanOperands
+from ..runtime.scan import POSITIONS, ScanOperands, epilogue
 from ..runtime.scan import block_attention as local_block_attention
 from .collective import gather_plain
 from .shard import Shard
@@ -275,17 +275,18 @@ def extras(call, windows: list, stats: list[tuple[torch.Tensor, tuple[str, ...]]
 
 
 # ---- block attention ----
-def block_attention(call, index: int, q, k, v, scale, size: int, dtype: torch.dtype | None, kernel=None) -> tuple[torch.Tensor, None]:
+def block_attention(call, index: int, q, k, v, scale, size: int, dtype: torch.dtype | None, kernel=None,
+                    residual: torch.Tensor | None = None, weight: float = 1.0) -> tuple[torch.Tensor, None]:  # fmt: skip
     """runtime.carry.block_attention for a slice of the group's sequences (which takes no window and returns none):
-    (o for this rank's queries, None)."""
+    (o for this rank's queries, None); the epilogue after the rows borrowed from the rank before are dropped."""
     shard: Shard = call.context_parallel
     reach = [(shard.offsets[r] - shard.starts[r]) % size if shard.continues[r] else 0 for r in range(shard.world)]
     width = max(reach)
     if width == 0:  # every rank starts a block
-        return local_block_attention(q, k, v, scale, size, call.cu_seqlens, dtype, kernel), None
+        return local_block_attention(q, k, v, scale, size, call.cu_seqlens, dtype, kernel, residual, weight), None
     p = reach[shard.rank]
     k = torch.cat([shard.before(k, width)[:, width - p :], k], 1)
     v = torch.cat([shard.before(v, width)[:, width - p :], v], 1)
     q = torch.cat([q.new_zeros(q.shape[0], p, *q.shape[2:]), q], 1)  # rows dropped below
     cu = None if call.cu_seqlens is None else torch.cat([call.cu_seqlens[:1], call.cu_seqlens[1:] + p])
-    return local_block_attention(q, k, v, scale, size, cu, dtype, kernel)[:, p:], None
+    return epilogue(local_block_attention(q, k, v, scale, size, cu, dtype, kernel)[:, p:], residual, weight), None

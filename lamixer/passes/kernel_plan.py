@@ -18,6 +18,7 @@ from ..ir import graph as ir
 from ..kernels import additive, delta, recurrent
 from ..render.templates import config_name
 from .classify import Classification, Scan
+from .epilogue import fold_epilogues
 from .order import Order, make_order
 
 # Chunk lengths of the torch backend: a per-dim decay materialises [C, C, dim] score tensors.
@@ -151,6 +152,7 @@ def make_plan(g: ir.Graph, cls: Classification) -> KernelPlan:
     order = make_order(g, cls)
     plan = KernelPlan(**vars(order))
     plan.groups = [_group(g, cls, plan.nodes, states) for states in _fusable(cls)]
+    fold_epilogues(plan)
     return plan
 
 

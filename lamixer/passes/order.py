@@ -36,7 +36,10 @@ class Order:
                 scope = f"per {', '.join(node['groups'])}" if node["groups"] else "over the whole input"
                 lines.append(f"stat: {node['fn']} {scope} (stop-gradient)")
             elif g.op(n) == "block_attention":
-                pending.append(f"block_attention(size={g.node(n)['size']})")
+                d = self.nodes[n]
+                residual = d["args"][4:]
+                then = f", plus {self.nodes[residual[0]].get('let') or g.label(residual[0]).split(' [')[0]}, times {d['weight']:g}" if residual else ""
+                pending.append(f"block_attention(size={d['size']}{then})")
             elif g.op(n) not in ("const", "dim", "head", "scale", "input", "param", "output"):
                 pending.append(g.label(n).split(" [")[0])
         if pending:

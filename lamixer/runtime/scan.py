@@ -421,15 +421,26 @@ def attention_dtype(call) -> torch.dtype | None:
     return call.out_dtype if half and call.device.type == "cuda" else None
 
 
-def block_attention(q, k, v, scale, size: int, cu_seqlens=None, dtype: torch.dtype | None = None, kernel=None) -> torch.Tensor:
-    """Causal softmax attention within blocks of `size` tokens of every sequence: [B, T, H, D] -> [B, T, H, Dv],
-    computed in `dtype` when given, returned in q's. A number `scale` goes to the attention kernel itself; a tensor
-    one (an expression of the call) multiplies q first. On `kernel`, a backend's own (q, k, v, scale, size,
-    cu_seqlens) -> o that keeps nothing but its operands, else on torch's SDPA, recomputed in the backward
-    (runtime/recompute.py): kept, its masked keys and values, output and masks are several times q's size."""
+def block_attention(q, k, v, scale, size: int, cu_seqlens=None, dtype: torch.dtype | None = None, kernel=None,
+                    residual: torch.Tensor | None = None, weight: float = 1.0) -> torch.Tensor:  # fmt: skip
+    """weight * (causal softmax attention within blocks of `size` tokens of every sequence + residual): [B, T, H, D]
+    -> [B, T, H, Dv], computed in `dtype` when given, returned in q's (the residual's, promoted, off a kernel). A
+    number `scale` goes to the attention kernel itself; a tensor one (an expression of the call) multiplies q first.
+    On `kernel`, a backend's own (q, k, v, scale, size, cu_seqlens, residual, weight) -> o that keeps nothing but
+    its operands and adds and scales in its store (the plan's epilogue, passes/epilogue.py), else on torch's SDPA,
+    recomputed in the backward (runtime/recompute.py): kept, its masked keys and values, output and masks are
+    several times q's size."""
     if kernel is not None:
-        return _attend_blocks(size, cu_seqlens, dtype, kernel, q, k, v, scale)
-    return recompute.recomputed(functools.partial(_attend_blocks, size, cu_seqlens, dtype, None), q, k, v, scale)
+        return _attend_blocks(size, cu_seqlens, dtype, kernel, q, k, v, scale, residual, weight)
+    o = recompute.recomputed(functools.partial(_attend_blocks, size, cu_seqlens, dtype, None), q, k, v, scale)
+    return epilogue(o, residual, weight)
+
+
+def epilogue(o: torch.Tensor, residual: torch.Tensor | None, weight: float) -> torch.Tensor:
+    """weight * (o + residual), as the plan folded them into a block attention (passes/epilogue.py)."""
+    if residual is not None:
+        o = o + residual
+    return o if weight == 1.0 else o * weight
 
 
 def scaled_queries(q: torch.Tensor, scale) -> tuple[torch.Tensor, float]:
@@ -441,13 +452,14 @@ def scaled_queries(q: torch.Tensor, scale) -> tuple[torch.Tensor, float]:
     return q * (s if s.dim() == 0 else s.unsqueeze(-1)), 1.0
 
 
-def _attend_blocks(size: int, cu_seqlens, dtype: torch.dtype | None, kernel, q, k, v, scale) -> torch.Tensor:
+def _attend_blocks(size: int, cu_seqlens, dtype: torch.dtype | None, kernel, q, k, v, scale, residual=None, weight=1.0) -> torch.Tensor:
     out = q.dtype
     q, scale = scaled_queries(q, scale)
     if dtype is not None:
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if kernel is not None:
-        return kernel(q, k, v, float(scale), size, cu_seqlens).to(out)
+        r = None if residual is None else residual.to(q.dtype).expand(*q.shape[:3], v.shape[-1])
+        return kernel(q, k, v, float(scale), size, cu_seqlens, r, weight).to(out)
     return torch.cat(per_sequence(lambda *x: _block_attention(*x, size, float(scale)), cu_seqlens, q, k, v), 1).to(out)
 
 

@@ -178,7 +178,9 @@ def plan_json(c: Compiled) -> dict:
             "substeps": [step.as_dict() for step in g.substeps], "read_steps": list(g.read_steps),
             "strengths": [expr(c.graph, n) for n in g.strengths],
         })  # fmt: skip
-    return {"spec": c.name, "title": c.graph.title, "scans": scans}
+    attention = [{"line": d["loc"].line, "residual": expr(c.graph, d["args"][4]) if len(d["args"]) > 4 else None, "weight": d.get("weight", 1.0)}
+                 for n in c.plan.order if (d := nodes[n])["op"] == "block_attention"]  # fmt: skip
+    return {"spec": c.name, "title": c.graph.title, "scans": scans, "block_attention": attention}
 
 
 def draw(c: Compiled, path: str) -> None:
