@@ -1,5 +1,6 @@
 """Block attention alone on the GPU: the Triton kernels (kernels/block_attention.py) against runtime/scan.py's SDPA form
-(its guarded copies and NaN pass) and against SDPA on the blocks with no guard, bf16, forward and forward+backward with
+(its guarded copies and NaN pass) and against SDPA on the blocks with no guard, the kernel also with the plan's epilogue
+(weight * (attention + residual)), bf16, forward and forward+backward with
 fresh gradients, peak memory above the inputs; and each one's relative error (output, dq, dk, dv) against the SDPA form
 in float64.
 
@@ -61,7 +62,9 @@ def timings(T: int, size: int) -> list[dict]:
     B = TOKENS // T
     x = [torch.randn(B, T, H, D, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(3)]
     do = torch.randn_like(x[2])
-    forms = {"kernel": block_attention, "sdpa form": lambda q, k, v, s, n: _block_attention(q, k, v, n, s), "sdpa unguarded": unguarded}
+    r = torch.randn_like(x[2]).detach()  # the plan's epilogue (passes/epilogue.py): 0.5 * (attention + r), as lln's
+    forms = {"kernel": block_attention, "kernel with an epilogue": lambda q, k, v, s, n: block_attention(q, k, v, s, n, None, r, 0.5),
+             "sdpa form": lambda q, k, v, s, n: _block_attention(q, k, v, n, s), "sdpa unguarded": unguarded}  # fmt: skip
     rows = []
     for name, fn in forms.items():
         call = functools.partial(fn, *x, D**-0.5, size)
