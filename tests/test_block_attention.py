@@ -107,3 +107,10 @@ def test_the_epilogue_adds_the_residual_and_scales_in_the_kernel(cu):
     assert rel(o, want) < 1e-12
     for name, a, b in zip(("q", "k", "v", "residual"), got, expected):
         assert rel(a, b) < 1e-12, f"d{name}"
+
+
+def test_a_residual_of_another_shape_or_dtype_is_an_error_naming_it():
+    q = torch.randn(1, 20, 2, 16)
+    for r in (torch.randn(1, 20, 2, 8), torch.randn(1, 20, 2, 16, dtype=torch.float64)):
+        with pytest.raises(lamixer.ArgumentError, match="residual"):
+            block_attention(q, q, q, 0.3, 16, None, r, 0.5)

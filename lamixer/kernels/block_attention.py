@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..runtime.errors import ArgumentError
 from .launch import NAMESPACE, PRECISION, cdiv, chunks, pow2, run_scan_op
 
 
@@ -338,6 +339,9 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     """weight * (causal softmax attention (scores times `scale`) within blocks of `size` tokens of every sequence +
     residual): [B, T, H, K] queries and keys, [B, T, H, V] values and residual (all of one dtype, on the kernels'
     device) -> o [B, T, H, V]."""
+    if residual is not None and (tuple(residual.shape) != (*q.shape[:3], v.shape[-1]) or residual.dtype != q.dtype):
+        raise ArgumentError("residual", f"block attention's residual is o's shape {[*q.shape[:3], v.shape[-1]]} in q's dtype {q.dtype}, "
+                                        f"got {list(residual.shape)} in {residual.dtype}")  # fmt: skip
     r = None if residual is None else residual.contiguous()
     args = (q.contiguous(), k.contiguous(), v.contiguous(), float(scale), int(size), cu_seqlens, r, float(weight))
     return run_scan_op(block_attention_op, _EagerBlockAttention, _output, args, (*args[:3], r), n=1)[0]
