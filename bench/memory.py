@@ -24,10 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import traceback
 
-os.environ.setdefault("TRITON_INTERPRET", "0" if "--cuda" in os.sys.argv else "1")
+os.environ.setdefault("TRITON_INTERPRET", "0" if "--cuda" in sys.argv else "1")
 
 import torch  # noqa: E402
 

@@ -73,7 +73,10 @@ def _take_place(plan: Order, n: int, folded: list[int]) -> None:
     """Attention n moved to the last folded node's place in the order, the folded nodes dropped, their reader reading n."""
     end = folded[-1]
     # the attention's own name no longer names its value; the last folded node's does
-    plan.nodes[n] = {k: v for k, v in plan.nodes[n].items() if k != "let"} | ({"let": plan.nodes[end]["let"]} if "let" in plan.nodes[end] else {})
+    attention = {k: v for k, v in plan.nodes[n].items() if k != "let"}
+    if "let" in plan.nodes[end]:
+        attention["let"] = plan.nodes[end]["let"]
+    plan.nodes[n] = attention
     plan.order = [n if m == end else m for m in plan.order if m != n and (m == end or m not in folded)]
     for m in folded:
         del plan.nodes[m]
