@@ -109,12 +109,12 @@ def chunk_additive_none_after_ones_float32_state_fwd(
 
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_none_after_ones_float32_output_fwd(
-    q, qs, a, b, g, Bc, A, hs, o, zs, oz, cu_seqlens, chunk_indices, T,
+    q, qs, a, b, g, Bc, A, hs, o, zs, oz, EPS, cu_seqlens, chunk_indices, T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
+    USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, DIVIDE: tl.constexpr,
 ):
     """o = (q exp(E)) h + A b per chunk; one program per (value block, chunk, head). The first value block also writes the normaliser's
-    oz = (q exp(E)) . z + the rows of A summed."""
+    oz = (q exp(E)) . z + the rows of A summed; DIVIDE: every block stores o / (oz + EPS) in o's place."""
     i_v = tl.program_id(0)
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -154,13 +154,16 @@ def chunk_additive_none_after_ones_float32_output_fwd(
         b_o = tl.where(o_t[:, None] >= first[None, :], float("nan"), b_o)
     if USE_QS:  # the query's per-head factor (e.g. the read-out scale)
         b_o = b_o * tl.load(qs + i_h)
-    tl.store(o + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    # every value block makes the normaliser's read: the first stores it, each divides by it under DIVIDE
+    b_z = tl.load(zs + (i_c.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
+    b_oz = tl.sum(b_q.to(tl.float32) * b_z[None, :], axis=1) + tl.sum(b_A.to(tl.float32), axis=1)  # [BT]
+    if USE_QS:
+        b_oz = b_oz * tl.load(qs + i_h)
     if i_v == 0:
-        b_z = tl.load(zs + (i_c.to(tl.int64) * H + i_h) * K + o_k, mask=m_k, other=0.)  # [BK]
-        b_oz = tl.sum(b_q.to(tl.float32) * b_z[None, :], axis=1) + tl.sum(b_A.to(tl.float32), axis=1)  # [BT]
-        if USE_QS:
-            b_oz = b_oz * tl.load(qs + i_h)
         tl.store(oz + t * H + i_h, b_oz.to(oz.dtype.element_ty), mask=m_t)
+    if DIVIDE:  # the plan's normalised read (passes/normalised.py); rows past the end divide by 1, not 0 + 0
+        b_o = b_o / tl.where(m_t, b_oz + EPS, 1.)[:, None]
+    tl.store(o + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), b_o.to(o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
 
 @triton.jit(do_not_specialize=["T"])

@@ -98,7 +98,7 @@ def forward(call, scan, attention=None):
     t31 = t30 - t24[..., None]  # [B, T, H, K]
     phi_k = torch.exp(t31)  # [B, T, H, K]
     # scan S + z (one scan, values side by side): additive write, no decay, chunk 64
-    [[S_read], [z_read]], [S, z] = scan_group(
+    [[o_lln], [z_read]], [S, z] = scan_group(
         scan[0][0], (B, T, H),
         key=phi_k,
         values=[v, None],
@@ -110,9 +110,8 @@ def forward(call, scan, attention=None):
         cu_seqlens=call.cu_seqlens,
         chunk=64,
         normaliser=scan[0][1],
+        divide=1e-05,  # S's read / (z's read + 1e-05), divided as the scan stores it
     )
-    t39 = z_read + 1e-05  # [B, T, H]
-    o_lln = S_read / t39[..., None]  # [B, T, H, V]
     # 0.5 * (the attention + o_lln), added and scaled as the kernel stores it
     o, window0 = block_attention(call, 0, q, k, v, scale, K, attention_dtype(call), attention, o_lln, 0.5)  # [B, T, H, V]: causal softmax in blocks of K, its window if asked
     return o.to(call.out_dtype), [S, z] + extras(call, [window0], [(t5, ()), (t6, ()), (t24, ("batch", "head"))])

@@ -418,7 +418,7 @@ class _Evaluator:
                 [None if t.value_dim is None else operand(t.write_value) for t in scans], operand(s.erase_key), operand(s.log_decay),
                 group.decay.kind, [(operand(r.query), p) for r, p in zip(s.reads, group.reads)],
                 [call.initial_state[t.state] for t in scans], call.cu_seqlens, group.chunk, [self.factor(r.query) for r in s.reads],
-                self.forms(s), normaliser, operand(strengths[0]) if strengths else None,
+                self.forms(s), normaliser, operand(strengths[0]) if strengths else None, group.divide,
             )  # fmt: skip
         for t, outs, final in zip(scans, reads, finals):
             for r, o in zip(t.reads, outs):

@@ -223,9 +223,15 @@ class MixerWriter:
             f"    chunk={group.chunk},",
             f"    normaliser=scan[{index}][1],",
             *([f"    strength={operand(group.strengths[0])},  # the write key is -strength * erase"] if group.strengths else []),
+            *([f"    divide={group.divide!r},  # {self._divided(group)}"] if group.divide is not None else []),
             ")",
         ]
         self.done.update(group.states)
+
+    def _divided(self, group) -> str:
+        """What a folded division (ScanGroup.divide) gives, in the spec's terms."""
+        (matrix,) = (st for st in group.states if st != group.normaliser)
+        return f"{matrix}'s read / ({group.normaliser}'s read + {group.divide!r}), divided as the scan stores it"
 
     def substeps(self, s, decay: str, chunk: int, index: int, strengths: tuple[int, ...]) -> None:
         """One substep_scan call (lamixer.runtime.substeps): a scan whose token update is several writes, or one no

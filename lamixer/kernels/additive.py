@@ -67,9 +67,11 @@ def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype, decay: str = "none") -> t
 
 def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor | None,
                    h0: torch.Tensor, cu_seqlens: torch.Tensor | None, decay: str, read: str, cfg: list[int],
-                   z0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                   z0: torch.Tensor | None = None, divide: float | None = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """S_t = diag(exp(g_t)) S_{t-1} + a_t b_t^T, o_t = (qs_h q_t)^T S_read(t) on chunk_additive's kernels; with z0
-    [N, H, K] also the normaliser z_t = exp(g_t) z_{t-1} + a_t, oz_t = (qs_h q_t) . z_read(t) (the template's ones).
+    [N, H, K] also the normaliser z_t = exp(g_t) z_{t-1} + a_t, oz_t = (qs_h q_t) . z_read(t) (the template's ones),
+    and with divide (a number, z0 given) o_t / (oz_t + divide) in place of o_t, divided as the output kernel stores it.
 
     Returns (o, final state, oz, final z, hs: the state entering each chunk, A: each chunk's scores under a decay
     along the key or value dim, else empty, zs: z entering each chunk); the last three are kept for the backward,
@@ -93,6 +95,7 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     z = (z0, zs, zt) if ones else ()
     common = dict(H=H, K=K, V=V, BT=c.BT, BK=pow2(K), IS_VARLEN=cu_seqlens is not None, PRECISION=PRECISION)
     precise = dict(ACC_PRECISION=acc_precision(h0.dtype, FLOAT32_DOTS)) if per_value else {}  # float32 states' dots
+    divided = dict(DIVIDE=divide is not None) if ones else {}
     if N * H:
         BW, BK, KB = walk_blocks(c, K, V, N * H, b.device)
         getattr(mod, f"{mod.NAME}_state_fwd")[(cdiv(V, BW), N * H, cdiv(K, KB))](
@@ -115,8 +118,8 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
                 q, qs, a, g, Bc, A, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), USE_QS=qs is not None,
                 num_warps=8, num_stages=1, **common)  # fmt: skip
         getattr(mod, f"{mod.NAME}_output_fwd")[(cdiv(V, c.BV), NC, H)](
-            q, qs, a, b, g, Bc, A, hs, o, *((zs, oz) if ones else ()), cu_seqlens, indices, T, BV=c.BV, USE_QS=qs is not None,
-            num_warps=c.num_warps, num_stages=c.num_stages, **common)  # fmt: skip
+            q, qs, a, b, g, Bc, A, hs, o, *((zs, oz, divide or 0.0) if ones else ()), cu_seqlens, indices, T, BV=c.BV,
+            USE_QS=qs is not None, num_warps=c.num_warps, num_stages=c.num_stages, **common, **divided)  # fmt: skip
     if ones and N * H and NC * H == 0:  # no chunks (T = 0): z passes through
         zt.copy_(z0)
     return o, ht, oz, zt, hs, A, zs
@@ -126,7 +129,7 @@ chunk_scan = torch.library.custom_op(f"{NAMESPACE}::chunk_scan", _chunk_forward,
 
 
 @chunk_scan.register_fake
-def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0=None):
+def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0=None, divide=None):
     B, T, H, K = a.shape
     V = b.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -244,16 +247,20 @@ def _(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, decay, read, cfg, zs=None,
             torch.empty_like(h0), torch.empty_like(dzt) if zs is not None else h0.new_empty(0))  # fmt: skip
 
 
-def _chunk_save(ctx, inputs, hs, A, zs) -> None:
-    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0 = inputs
+def _chunk_save(ctx, inputs, hs, A, zs, o, oz) -> None:
+    q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0, divide = inputs
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, zs if z0 is not None else None)
+    quotient = (o, oz) if divide is not None and z0 is not None else (None, None)
+    ctx.save_for_backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, zs if z0 is not None else None, *quotient)
     ctx.config = (decay, read, cfg)
+    ctx.divide = divide
 
 
 def _chunk_grads(ctx, do, dht, doz, dzt, backward) -> tuple:
     """The inputs' gradients from the saved context, through `backward` (the custom op or its implementation)."""
-    q, qs, a, b, g, h0, cu_seqlens, hs, A, zs = ctx.saved_tensors
+    q, qs, a, b, g, h0, cu_seqlens, hs, A, zs, o, oz = ctx.saved_tensors
+    if o is not None and do is not None:  # o / (oz + eps) as the kernel stored it: the gradients of o and oz before it
+        do, doz = _undivided_grads(do, doz, o, oz, ctx.divide)
     if do is None:  # the output's dtype: float32 under a decay along the value dim
         do = torch.zeros(*a.shape[:3], b.shape[-1], dtype=h0.dtype if ctx.config[0] == "value" else b.dtype, device=b.device)
     if dht is None:
@@ -265,12 +272,24 @@ def _chunk_grads(ctx, do, dht, doz, dzt, backward) -> tuple:
         normaliser = (zs, doz, dzt)
     learn = g is not None and ctx.needs_input_grad[4]  # the log decay's: a constant's is often no leaf's
     dq, da, db, dg, dh0, dz0 = backward(q, qs, a, b, g, h0, cu_seqlens, hs, A, do, dht, *ctx.config, *normaliser, decay_grad=learn)
-    return dq, None, da, db, dg if learn else None, dh0, None, None, None, None, dz0 if zs is not None else None
+    return dq, None, da, db, dg if learn else None, dh0, None, None, None, None, dz0 if zs is not None else None, None
+
+
+def _undivided_grads(dy: torch.Tensor, doz: torch.Tensor | None, y: torch.Tensor, oz: torch.Tensor, eps: float) -> tuple:
+    """The gradients of o and oz from dy, that of y = o / (oz + eps) (and doz, oz's own, or None): do = dy / d and
+    doz - sum_v(dy * y) / d, d = oz + eps, in float32 (the output's dtype where it is wider), returned in dy's and oz's."""
+    wide = torch.promote_types(y.dtype, torch.float32)
+    d = oz.to(wide).unsqueeze(-1) + eps
+    dyw = dy.to(wide)
+    dz = -(dyw * y.to(wide) / d).sum(-1)
+    if doz is not None:
+        dz = dz + doz.to(wide)
+    return (dyw / d).to(dy.dtype), dz.to(oz.dtype)
 
 
 def _chunk_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(*output[4:])
-    _chunk_save(ctx, inputs, *output[4:])
+    _chunk_save(ctx, inputs, *output[4:], output[0], output[2])
 
 
 chunk_scan.register_autograd(lambda ctx, do, dht, doz, dzt, *_: _chunk_grads(ctx, do, dht, doz, dzt, chunk_scan_backward),
@@ -283,7 +302,7 @@ class _EagerChunkScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *inputs):
         o, ht, oz, zt, hs, A, zs = _chunk_forward(*inputs)
-        _chunk_save(ctx, inputs, hs, A, zs)
+        _chunk_save(ctx, inputs, hs, A, zs, o, oz)
         return o, ht, oz, zt
 
     @staticmethod
@@ -292,9 +311,10 @@ class _EagerChunkScan(torch.autograd.Function):
 
 
 def run_chunk_scan(q, qs, a, b, g, h0, cu_seqlens, decay: str, read: str, cfg: list[int],
-                   z0: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
-    """(o, final state, oz, final z) on chunk_additive's kernels (the last two empty without a normaliser z0)."""
-    args = (q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0)
+                   z0: torch.Tensor | None = None, divide: float | None = None) -> tuple[torch.Tensor, ...]:  # fmt: skip
+    """(o, final state, oz, final z) on chunk_additive's kernels (the last two empty without a normaliser z0; with
+    one and divide, o / (oz + divide) in o's place)."""
+    args = (q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0, divide)
     return run_scan_op(chunk_scan, _EagerChunkScan, _chunk_forward, args, (q, a, b, g, h0, z0), n=4)
 
 
@@ -322,7 +342,7 @@ def scan(ops: ScanOperands, dtype: torch.dtype, config: Config, decay: str | Non
     h0 = ops.h0.to(acc).contiguous()
     qs = qs.to(acc).contiguous() if qs is not None else None
     z0 = ops.z0.to(acc).contiguous() if ops.z0 is not None else None
-    o, ht, oz, zt = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list(), z0)
+    o, ht, oz, zt = run_chunk_scan(q, qs, a, b, g, h0, ops.cu_seqlens, decay, read, config.as_list(), z0, ops.divide)
     return ([o], ht) if z0 is None else ([o], ht, [oz], zt)
 
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from ..runtime.carry import extras as carry_extras
 from ..runtime.carry import statistic as carry_statistic
 from ..runtime.errors import LamixerError
-from ..runtime.scan import POSITIONS, ScanOperands, epilogue
+from ..runtime.scan import POSITIONS, ScanOperands, divided_reads, epilogue
 from ..runtime.scan import block_attention as local_block_attention
 from .collective import gather_plain
 from .shard import Shard
@@ -130,7 +130,8 @@ def scan(impl, shard: Shard, ops: ScanOperands):
     """impl(ops) (a scan implementation: ScanOperands -> (reads, final state[, normaliser reads, final])) over this
     rank's slice, composed with the ranks before it: the same reads and final states as one process would give
     (the final states of the whole sequences, on every rank)."""
-    ops = ops.per_row()  # its pieces are cut by rows
+    # its pieces are cut by rows; the reads are divided by the normaliser's once composed (ScanOperands.divide)
+    divide, ops = ops.divide, dataclasses.replace(ops.per_row(), divide=None)
     result = impl(ops)
     outs, S = result[0], result[1]
     normal = len(result) > 2
@@ -156,7 +157,10 @@ def scan(impl, shard: Shard, ops: ScanOperands):
     finals = _finals(side, shard, S, As, Bs)
     if not normal:
         return outs, finals
-    return [o[..., :-1] for o in outs], finals[..., :-1], [o[..., -1] for o in outs], finals[..., -1]
+    reads, normaliser = [o[..., :-1] for o in outs], [o[..., -1] for o in outs]
+    if divide is not None:
+        reads = divided_reads(reads, normaliser, divide)
+    return reads, finals[..., :-1], normaliser, finals[..., -1]
 
 
 def _carry(side: str, shard: Shard, As: list, Bs: list, upto: int) -> torch.Tensor:

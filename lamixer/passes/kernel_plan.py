@@ -19,6 +19,7 @@ from ..kernels import additive, delta, recurrent
 from ..render.templates import config_name
 from .classify import Classification, Scan
 from .epilogue import fold_epilogues
+from .normalised import fold_normalised_reads
 from .order import Order, make_order
 
 # Chunk lengths of the torch backend: a per-dim decay materialises [C, C, dim] score tensors.
@@ -116,6 +117,9 @@ class ScanGroup:
     # per write, the node of its strength s where the write key is s x and the erase key -x (DeltaNet's beta k and
     # -k): the scans then take s and the erase keys, and make the write keys -s c themselves (empty: not every write is so)
     strengths: tuple[int, ...] = ()
+    # the matrix state's read divided by (the normaliser's read + divide), the plan's fold (passes/normalised.py):
+    # every scan implementation returns the quotient as that read; None: the reads as they are
+    divide: float | None = None
 
     @property
     def read(self) -> str | None:
@@ -152,6 +156,7 @@ def make_plan(g: ir.Graph, cls: Classification) -> KernelPlan:
     order = make_order(g, cls)
     plan = KernelPlan(**vars(order))
     plan.groups = [_group(g, cls, plan.nodes, states) for states in _fusable(cls)]
+    fold_normalised_reads(plan, cls)
     fold_epilogues(plan)
     return plan
 

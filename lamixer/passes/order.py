@@ -27,10 +27,12 @@ class Order:
                 st = self.read_scan[n]
                 if st in listed:
                     continue
-                group = self.group(st).states
-                listed.update(group)
-                fused = " (one scan, values side by side)" if len(group) > 1 else ""
-                lines.append(f"scan {' + '.join(group)}{fused}: {cls.scan(st).describe()}, chunk {self.chunk[st]}")
+                group = self.group(st)
+                listed.update(group.states)
+                fused = " (one scan, values side by side)" if len(group.states) > 1 else ""
+                matrix = next(m for m in group.states if m != group.normaliser)
+                divided = f", {matrix}'s read divided by ({group.normaliser}'s read + {group.divide:g})" if group.divide is not None else ""
+                lines.append(f"scan {' + '.join(group.states)}{fused}: {cls.scan(st).describe()}, chunk {self.chunk[st]}{divided}")
             elif g.op(n) == "stat":
                 node = g.node(n)
                 scope = f"per {', '.join(node['groups'])}" if node["groups"] else "over the whole input"

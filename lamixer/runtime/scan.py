@@ -265,6 +265,9 @@ class ScanOperands:
     # sub-step's log decay 0; None: g a row per row. An implementation takes it so (the delta rule's chunk kernels under
     # a per-key decay, the one whose rows are wide) or calls per_row() / sub_token_decays() first
     decay_step: int | None = None
+    # with z0: the reads returned divided by (the normaliser's reads + divide) (the kernel plan's ScanGroup.divide),
+    # the normaliser's reads as they are; None: the reads as they are
+    divide: float | None = None
 
     @property
     def positions(self) -> str:
@@ -351,7 +354,7 @@ def _operand(x, B: int, T: int, H: int, width: int | None = None):
 
 
 def scan_group(scan, shape, key, values, erase, log_decay, decay, reads, h0, cu_seqlens, chunk, query_factors=None, forms=None,
-               normaliser=False, strength=None):  # fmt: skip
+               normaliser=False, strength=None, divide=None):  # fmt: skip
     """Run one state's scan, or one scan for several states that share key, decay and queries (their values side by side).
 
     shape is (B, T, H); every operand has three leading axes that broadcast to it, then its dims (none for a scalar,
@@ -362,8 +365,9 @@ def scan_group(scan, shape, key, values, erase, log_decay, decay, reads, h0, cu_
     are per-head factors [H] it applies to the queries (None: none), forms the KeyForms it applies
     (ScanOperands.forms); normaliser: `scan` carries the group's one vector state itself (ScanOperands.z0), else it is
     one more value column of ones; strength: the write key is -strength * erase (a scalar with three leading axes;
-    key is then None: ScanOperands.strength). Returns each state's read outputs ([B, T, H, V], or [B, T, H]) and final
-    states ([N, H, K, V], or [N, H, K]).
+    key is then None: ScanOperands.strength); divide: the one matrix state's reads are returned divided by (the vector
+    state's reads + divide) (the kernel plan's ScanGroup.divide), by `scan` where it carries the normaliser, else
+    here. Returns each state's read outputs ([B, T, H, V], or [B, T, H]) and final states ([N, H, K, V], or [N, H, K]).
     """
     B, T, H = shape
     K = h0[0].shape[2]
@@ -373,6 +377,7 @@ def scan_group(scan, shape, key, values, erase, log_decay, decay, reads, h0, cu_
     # a vector state beside matrix states rides along as the scan's normaliser when the implementation takes one
     vectors = [i for i, v in enumerate(values) if v is None]
     normaliser = vectors[0] if normaliser and len(vectors) == 1 and len(values) > 1 else None
+    divided = divide is not None and normaliser is not None  # by `scan`
     order = [i for i in range(len(values)) if i != normaliser]  # side by side, in this order
     if len(order) == 1:  # the common case: one state, nothing to concatenate
         (i,) = order
@@ -386,6 +391,7 @@ def scan_group(scan, shape, key, values, erase, log_decay, decay, reads, h0, cu_
         [(_operand(q, B, T, H, K), position) for q, position in reads],
         query_factors or [None] * len(reads), h, cu_seqlens, chunk, forms or {},
         z0=h0[normaliser] if normaliser is not None else None, strength=_operand(strength, B, T, H, 1),
+        divide=divide if divided else None,
     )  # fmt: skip
     outs, S, *z = scan(operands)
     read_parts, finals = [None] * len(values), [None] * len(values)
@@ -394,16 +400,25 @@ def scan_group(scan, shape, key, values, erase, log_decay, decay, reads, h0, cu_
     if len(order) == 1:  # the common case, without slicing
         (i,) = order
         read_parts[i], finals[i] = ([o.squeeze(-1) for o in outs], S.squeeze(-1)) if values[i] is None else (outs, S)
-        return read_parts, finals
-    lo = 0
-    for i in order:
-        width = 1 if values[i] is None else h0[i].shape[3]
-        parts = [o[..., lo : lo + width] for o in outs] + [S[..., lo : lo + width]]
-        parts = [p.squeeze(-1) for p in parts] if values[i] is None else parts
-        read_parts[i] = parts[:-1]
-        finals[i] = parts[-1]
-        lo += width
+    else:
+        lo = 0
+        for i in order:
+            width = 1 if values[i] is None else h0[i].shape[3]
+            parts = [o[..., lo : lo + width] for o in outs] + [S[..., lo : lo + width]]
+            parts = [p.squeeze(-1) for p in parts] if values[i] is None else parts
+            read_parts[i] = parts[:-1]
+            finals[i] = parts[-1]
+            lo += width
+    if divide is not None and not divided:
+        (z,) = vectors
+        (i,) = (j for j in range(len(values)) if j != z)
+        read_parts[i] = divided_reads(read_parts[i], read_parts[z], divide)
     return read_parts, finals
+
+
+def divided_reads(reads: list[torch.Tensor], normaliser: list[torch.Tensor], eps: float) -> list[torch.Tensor]:
+    """Each read [B, T, H, V] divided by its normaliser's read [B, T, H] plus eps (ScanOperands.divide)."""
+    return [o / (oz.unsqueeze(-1).to(o.dtype) + eps) for o, oz in zip(reads, normaliser)]
 
 
 def per_sequence(fn, cu_seqlens, *xs: torch.Tensor) -> list:

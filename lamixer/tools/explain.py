@@ -137,6 +137,8 @@ def _kernels(c: Compiled) -> list[str]:
             lines.append(f"  scan {' + '.join(g.states)}: {g.train.module}_float32_{{{', '.join(g.train.names)}}}")
             if g.normaliser is not None:
                 lines.append(f"    {g.normaliser}: carried by these kernels as their normaliser (its own [K] state; reads: score rows summed)")
+            if g.divide is not None:
+                lines.append(f"    the output kernel stores the read divided by the normaliser's read + {g.divide:g}")
             if g.strengths:
                 strengths = ", ".join(expr(c.graph, n) for n in g.strengths)
                 lines.append(f"    write keys: -strength * erase key, strength {strengths} (the chunk kernels scale their products by it: no write key tensor)")
@@ -172,7 +174,7 @@ def plan_json(c: Compiled) -> dict:
                     for when, forms in (("train", g.finished_train), ("decode", g.finished_decode))}  # fmt: skip
         scans.append({
             "states": list(g.states), "family": g.family, "decay": g.decay.as_dict(), "read": g.read if g.read else list(g.reads),
-            "normaliser": g.normaliser, "key_dim": g.key_dim, "value_dims": list(g.value_dims), "finished": finished,
+            "normaliser": g.normaliser, "divide": g.divide, "key_dim": g.key_dim, "value_dims": list(g.value_dims), "finished": finished,
             "kernels": {"train": _kernels_json(g.train), "decode": _kernels_json(g.decode)},
             "config_key": g.train.module if g.train else None, "torch_chunk": g.chunk, "missing": list(g.missing),
             "substeps": [step.as_dict() for step in g.substeps], "read_steps": list(g.read_steps),

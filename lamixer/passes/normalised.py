@@ -1,0 +1,77 @@
+"""Normalised reads: a scan's read divided by its normaliser's read, folded into the scan.
+
+A normalised linear attention writes `o = (q @ S) / (q @ z + eps)`, z the vector state the chunk kernels carry
+beside S (the group's normaliser). Evaluated as written, the scan stores q @ S and q @ z, and a pass of its own
+reads both to divide: a read and a write of the whole output. Folded, the scan's output kernel, which holds both
+reads' rows, stores the quotient itself; its backward turns the quotient's gradient into the two reads'.
+
+The plan's node table (not the IR, which the interpreter evaluates as written) takes the fold: for a group of one
+matrix state S and its normaliser z, each read once, where S's read has one reader `r_S / d`, and d is z's read or
+`r_z + c` (either order, c a number) read by that division alone, the group's `divide` is c (0 for `r_S / r_z`), the
+division and the sum leave the node table, S's read takes the division's `let`, and what read the division reads S's
+read. Every scan implementation gives the quotient (runtime/scan.py: scan_group divides where the implementation
+does not carry the normaliser itself).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .classify import Classification
+from .order import Order
+
+
+def fold_normalised_reads(plan: Order, cls: Classification) -> None:
+    """Fold each group's division of its matrix read by its normaliser's into the group (in place, on plan.groups,
+    plan.order and plan.nodes; plan a KernelPlan)."""
+    for i, group in enumerate(plan.groups):
+        if group.normaliser is None or len(group.states) != 2:
+            continue
+        (matrix,) = (st for st in group.states if st != group.normaliser)
+        reads, z_reads = cls.scan(matrix).reads, cls.scan(group.normaliser).reads
+        if len(reads) != 1 or len(z_reads) != 1:
+            continue
+        found = _division(plan.nodes, _readers(plan), reads[0].node, z_reads[0].node)
+        if found is not None:
+            division, folded, eps = found
+            _drop(plan, reads[0].node, division, folded)
+            plan.groups[i] = dataclasses.replace(group, divide=eps)
+
+
+def _readers(plan: Order) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for m, d in plan.nodes.items():
+        for a in set(d["args"]):
+            out.setdefault(a, []).append(m)
+    return out
+
+
+def _division(nodes: dict[int, dict], readers: dict[int, list[int]], r_s: int, r_z: int) -> tuple[int, list[int], float] | None:
+    """(the division node, the nodes it folds, eps) where r_s's one reader is r_s / (r_z [+ eps]), else None."""
+    if len(readers.get(r_s, [])) != 1:
+        return None
+    division = readers[r_s][0]
+    d = nodes[division]
+    if d["op"] != "binary" or d["fn"] != "div" or d["args"][0] != r_s or d["args"][1] == r_s or d["dims"] != nodes[r_s]["dims"]:
+        return None
+    den = d["args"][1]
+    if den == r_z:
+        return (division, [division], 0.0) if readers.get(r_z) == [division] else None
+    e = nodes[den]
+    if e["op"] != "binary" or e["fn"] != "add" or r_z not in e["args"] or e["args"][0] == e["args"][1]:
+        return None
+    c = e["args"][1] if e["args"][0] == r_z else e["args"][0]
+    if nodes[c]["op"] != "const" or nodes[c]["dims"] or readers.get(den) != [division] or readers.get(r_z) != [den]:
+        return None
+    return division, [den, division], float(nodes[c]["value"])
+
+
+def _drop(plan: Order, r_s: int, division: int, folded: list[int]) -> None:
+    """The folded nodes out of the plan; r_s takes the division's name, and what read the division reads r_s."""
+    if "let" in plan.nodes[division]:
+        plan.nodes[r_s] = {**plan.nodes[r_s], "let": plan.nodes[division]["let"]}
+    plan.order = [m for m in plan.order if m not in folded]
+    for m in folded:
+        del plan.nodes[m]
+    for m, d in list(plan.nodes.items()):
+        if division in d["args"]:
+            plan.nodes[m] = {**d, "args": tuple(r_s if a == division else a for a in d["args"])}
