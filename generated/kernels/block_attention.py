@@ -5,13 +5,15 @@ What it saves against SDPA there: a non-finite key or value must reach only its 
 the masked scores of earlier rows would carry it (0 * inf). SDPA needs the caller's keys and values copied with those
 entries zeroed (two passes, and the copies kept for its backward) and the rows from them on made NaN after it (a third
 pass). Here the forward uses each tile as loaded, and each row checks once, at the end of its pass, whether it met a
-non-finite entry (its product row then holds one, or its least score is -inf); a second launch runs again only the
-programs where one did, the values zeroed where not finite and the rows and columns they reach made NaN (a dot of the
-causal mask against the bad entries). The gradient kernels zero non-finite keys and values as they load them: a row before
-one takes none of it, the rows at and after it are NaN already. The backward keeps q, k and v alone
-and runs the forward again for o and each row's log-sum-exp: kept, o would be live beside the scans' gradients at a
-mixer's forward+backward peak (lln's: 3504 against 4126 bytes per token x head, bench/memory.py --fused), for one
-more forward pass of a few percent of the mixer's time.
+non-finite entry (its product row then holds one, or its least score is -inf); a tile where one did runs again in the
+same program, after its stores, the values zeroed where not finite and the rows and columns they reach made NaN (a dot
+of the causal mask against the bad entries). One launch does both; the rerun is a function of its own (noinline),
+as inlined it made the whole kernel spill (sm_90, bf16, with a residual: 788 bytes, against 4 for the first pass
+alone). The gradient kernels zero non-finite keys and values as they load them: a row before one takes none of it,
+the rows at and after it are NaN already. The backward keeps q, k and v alone and runs the forward again for o and
+each row's log-sum-exp: kept, o would be live beside the scans' gradients at a mixer's forward+backward peak (lln's:
+3504 against 4126 bytes per token x head, bench/memory.py --fused), for one more forward pass of a few percent of the
+mixer's time.
 
 An epilogue the kernel plan folds in (passes/epilogue.py): o = weight * (attention + residual), stored as the mixer's
 output where that sum and factor end it, so no pass adds them and the backward takes the output's gradient as it comes
@@ -115,22 +117,12 @@ def _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H: tl.constexpr, K: tl.co
     return b_o, b_m, b_l, met
 
 
-@triton.jit(do_not_specialize=["T", "size"])
-def block_attention_fwd_kernel(q, k, v, r, o, lse, met, tiles, cu_seqlens, scale, weight, T, size, H: tl.constexpr, K: tl.constexpr,
-                               V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                               IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, CAREFUL: tl.constexpr,
-                               RESIDUAL: tl.constexpr):  # fmt: skip
-    """o = weight * (attention + r) (r where RESIDUAL) and each row's log-sum-exp of its scores, for a tile of BM query
-    rows: the keys they see in tiles of BN. The first launch
-    (CAREFUL false) notes in `met` [programs] whether a row of the tile met a non-finite key or value; the second runs
-    again only the tiles where one did, handling them. Apart, the first holds 203 registers a thread on sm_90 (64-row
-    tiles, bf16), where one kernel with both passes held 255 and spilled."""
-    i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_p = (i_b * H + i_h) * tl.num_programs(0) + i_m
-    if CAREFUL:
-        if tl.load(met + i_p) == 0:
-            return
-    i_t, bos, L = _sequence(tiles, cu_seqlens, i_m, i_b, T, IS_VARLEN)
+@triton.jit
+def _tile(q, k, v, r, o, lse, i_t, bos, L, i_h, scale, weight, size, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+          CAREFUL: tl.constexpr, RESIDUAL: tl.constexpr):  # fmt: skip
+    """One query tile's o = weight * (attention + r) and log-sum-exp, stored; returns whether a row met a non-finite
+    key or value (always false where CAREFUL)."""
     ACC = tl.float64 if q.dtype.element_ty == tl.float64 else tl.float32
     o_m = tl.arange(0, BM)
     rows = i_t * BM + o_m  # [BM], within the sequence
@@ -140,13 +132,36 @@ def block_attention_fwd_kernel(q, k, v, r, o, lse, met, tiles, cu_seqlens, scale
     if RESIDUAL:  # loaded before the keys' loop, its latency hidden by it (bench/results/NOTES.md)
         b_r = _rows(r, bos + i_t * BM, i_h, o_m, m_rows, H, V, BV)
     b_o, b_m, b_l, b_met = _attend(b_q, k, v, bos, rows, i_h, L, size, scale, H, K, V, BM, BN, BK, BV, PRECISION, ACC, CAREFUL)
-    if not CAREFUL:
-        tl.store(met + i_p, tl.max(b_met.to(tl.int32), 0))
     b_o = b_o / b_l[:, None]
     if RESIDUAL:
         b_o += b_r.to(ACC)
     _put_rows(o, b_o * weight, bos + i_t * BM, i_h, o_m, m_rows, H, V, BV)
     tl.store(lse + (bos + i_t * BM + o_m) * H + i_h, (b_m + tl.log(b_l)).to(lse.dtype.element_ty), mask=m_rows)
+    return tl.max(b_met.to(tl.int32), 0) != 0
+
+
+@triton.jit(do_not_specialize=["T", "size"])
+def block_attention_fwd_kernel(q, k, v, r, o, lse, tiles, cu_seqlens, scale, weight, T, size, H: tl.constexpr, K: tl.constexpr,
+                               V: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                               IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr, RESIDUAL: tl.constexpr):  # fmt: skip
+    """o = weight * (attention + r) (r where RESIDUAL) and each row's log-sum-exp of its scores, for a tile of BM query
+    rows: the keys they see in tiles of BN. A tile where a row met a non-finite key or value runs again, handling
+    them, after its stores (_careful_tile)."""
+    i_m, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, bos, L = _sequence(tiles, cu_seqlens, i_m, i_b, T, IS_VARLEN)
+    met = _tile(q, k, v, r, o, lse, i_t, bos, L, i_h, scale, weight, size, H, K, V, BM, BN, BK, BV, PRECISION, False, RESIDUAL)
+    if met:
+        _careful_tile(q, k, v, r, o, lse, i_t, bos, L, i_h, scale, weight, size, H, K, V, BM, BN, BK, BV, PRECISION, RESIDUAL)
+
+
+@triton.jit(noinline=True)
+def _careful_tile(q, k, v, r, o, lse, i_t, bos, L, i_h, scale, weight, size, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+                  RESIDUAL: tl.constexpr):  # fmt: skip
+    """The tile again, handling non-finite keys and values (_attend's CAREFUL): a function of its own, not inlined,
+    so that its registers (255 and a few hundred bytes spilled on sm_90, bf16) are not the first pass's (255 and 4
+    with a residual)."""
+    _tile(q, k, v, r, o, lse, i_t, bos, L, i_h, scale, weight, size, H, K, V, BM, BN, BK, BV, PRECISION, True, RESIDUAL)
 
 
 @triton.jit
@@ -258,11 +273,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, si
     V = v.shape[-1]
     o = q.new_empty(B, T, H, V)
     lse = torch.empty(B, T, H, dtype=_stats_dtype(q), device=q.device)
-    grid = _shape("fwd", q, V, cu_seqlens)[0]
-    met = torch.empty(grid[0] * grid[1] * grid[2], dtype=torch.int32, device=q.device)  # per program of the first launch
-    for careful in (False, True):
-        _launch(block_attention_fwd_kernel, "fwd", q, cu_seqlens, q, k, v, residual, o, lse, met, scale=scale, weight=weight, size=size,
-                V=V, BV=pow2(V), CAREFUL=careful, RESIDUAL=residual is not None)  # fmt: skip
+    _launch(block_attention_fwd_kernel, "fwd", q, cu_seqlens, q, k, v, residual, o, lse, scale=scale, weight=weight, size=size,
+            V=V, BV=pow2(V), RESIDUAL=residual is not None)  # fmt: skip
     return o, lse
 
 
