@@ -1,7 +1,7 @@
 """Compile, without running, the Triton kernels specs launch, for an H200 (sm_90), on any machine: no GPU needed.
 
     python bench/sm90.py [--specs deltanet,gla] [--dtypes bfloat16,float32] [--T 150] [--D 128] [--config 64,64,32,8,2,0,128]
-                         [--variants FILE.json]
+                         [--variants FILE.json] [--block-attention]
 
 Triton's own compiler and ptxas (shipped with triton) build each kernel: the active driver is replaced by one
 naming an sm_90 device that is never used, and every launch becomes a compile-only warmup, so the specs' calls run
@@ -10,7 +10,8 @@ the chunk kernels (lengths past one chunk) and forward without gradients on 5 to
 the default configurations (or --config's, as the autotuner sets a candidate). Prints, per kernel, shared memory, warps, stages, the registers per thread and
 bytes spilled that ptxas reports, and the loads left synchronous in loops (sync: see loop_loads). --variants: the
 delta rule's kernels (or --family additive's) once per variant of a bench/kernel_variants.py file (its launch overrides and source edits), each
-variant's rows under its label. tests/test_gpu_compile.py runs the same compilation over every spec.
+variant's rows under its label. --block-attention: block attention's kernels alone, in --dtypes (a spec's call here runs
+them in float32). tests/test_gpu_compile.py runs the same compilation over every spec.
 """
 from __future__ import annotations
 
@@ -149,6 +150,30 @@ def compile_specs(specs, dtypes, T: int = 150, D: int = 128, with_resources: boo
     return rows
 
 
+def compile_block_attention(dtypes, T: int = 300, D: int = 128) -> list[dict]:
+    """Block attention's kernels as its op launches them, forward (with and without a residual) and backward, in each
+    dtype: a spec's call on this machine runs them in its compute dtype (runtime/scan.py's attention_dtype takes the
+    inputs' half type on a GPU only), so compile_specs shows them in float32."""
+    from lamixer.kernels import block_attention as kernels
+
+    rows: list[dict] = []
+    where: dict = {}
+
+    def record(fn, kernel):
+        rows.append(dict(dtype=where["dtype"], kernel=fn.__name__ + where["tag"], shared=kernel.metadata.shared, warps=kernel.metadata.num_warps,
+                         stages=kernel.metadata.num_stages, loop_loads=loop_loads(kernel), **resources(kernel)))  # fmt: skip
+
+    with compile_only(record):
+        for dtype in dtypes:
+            q, k, v = (torch.randn(1, T, 2, D, dtype=dtype) for _ in range(3))
+            where.update(dtype=str(dtype).removeprefix("torch."))
+            for residual in (v, None):
+                where["tag"] = " (residual)" if residual is not None else ""
+                kernels._forward(q, k, v, 0.1, 64, None, residual, 0.5)
+            kernels._backward(q, k, v, v, 0.1, 64, None, 0.5)
+    return rows
+
+
 def main():
     import lamixer
 
@@ -160,6 +185,7 @@ def main():
     ap.add_argument("--config", default="", help="BT,BV,BK,warps,stages[,BW,BG,warps_grad] for every scan (default: each one's own)")
     ap.add_argument("--variants", help="a bench/kernel_variants.py file: the family's kernels under each of its variants")
     ap.add_argument("--family", default="delta", choices=["delta", "additive"], help="the template --variants applies to")
+    ap.add_argument("--block-attention", action="store_true", help="block attention's kernels alone, in each of --dtypes")
     args = ap.parse_args()
     if args.config:
         from lamixer.backends import triton as triton_backend
@@ -168,6 +194,9 @@ def main():
         given = Config.from_list(args.config.split(","))
         triton_backend.chunk_config = lambda *a, **k: given  # every scan group launches with it
     dtypes = [getattr(torch, d) for d in args.dtypes.split(",")]
+    if args.block_attention:
+        _print(compile_block_attention(dtypes, max(args.T, 300), args.D))
+        return
     if not args.variants:
         _print(compile_specs(args.specs.split(","), dtypes, args.T, args.D, with_resources=True))
         return
