@@ -19,20 +19,11 @@ from .order import Order
 def fold_epilogues(plan: Order) -> None:
     """Fold each block attention's trailing sum and constant factor into it (in place, on plan.order and plan.nodes)."""
     for n in [n for n in plan.order if plan.nodes[n]["op"] == "block_attention"]:
-        readers = _readers(plan)
+        readers = plan.readers()
         s = _fold_residual(plan, n, readers)
         if s is not None:
             f = _fold_weight(plan, n, s, readers)
             _take_place(plan, n, [s] if f is None else [s, f])
-
-
-def _readers(plan: Order) -> dict[int, list[int]]:
-    """Every node's readers, over the whole node table (a scan's update reads nodes the order leaves out)."""
-    out: dict[int, list[int]] = {}
-    for m, d in plan.nodes.items():
-        for a in set(d["args"]):
-            out.setdefault(a, []).append(m)
-    return out
 
 
 def _fold_residual(plan: Order, n: int, readers: dict[int, list[int]]) -> int | None:

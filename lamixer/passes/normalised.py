@@ -30,19 +30,11 @@ def fold_normalised_reads(plan: Order, cls: Classification) -> None:
         reads, z_reads = cls.scan(matrix).reads, cls.scan(group.normaliser).reads
         if len(reads) != 1 or len(z_reads) != 1:
             continue
-        found = _division(plan.nodes, _readers(plan), reads[0].node, z_reads[0].node)
+        found = _division(plan.nodes, plan.readers(), reads[0].node, z_reads[0].node)
         if found is not None:
             division, folded, eps = found
             _drop(plan, reads[0].node, division, folded)
             plan.groups[i] = dataclasses.replace(group, divide=eps)
-
-
-def _readers(plan: Order) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for m, d in plan.nodes.items():
-        for a in set(d["args"]):
-            out.setdefault(a, []).append(m)
-    return out
 
 
 def _division(nodes: dict[int, dict], readers: dict[int, list[int]], r_s: int, r_z: int) -> tuple[int, list[int], float] | None:

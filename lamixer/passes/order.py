@@ -16,6 +16,14 @@ class Order:
     nodes: dict[int, dict]  # every node's attributes as plain data: executing the plan needs no graph library
     scale_order: list[int]  # the default scale's expression, in evaluation order
 
+    def readers(self) -> dict[int, list[int]]:
+        """Every node's readers, over the whole node table (a scan's update reads nodes the order leaves out)."""
+        out: dict[int, list[int]] = {}
+        for m, d in self.nodes.items():
+            for a in set(d["args"]):
+                out.setdefault(a, []).append(m)
+        return out
+
     def stages(self, g: ir.Graph, cls: Classification) -> list[str]:
         """A readable listing of the plan, stage by stage (self: a KernelPlan, which knows the scan groups)."""
         lines, pending, listed = [], [], set()
