@@ -10,6 +10,7 @@ import lamixer
 from lamixer.kernels import additive
 from lamixer.kernels.config import Config
 from lamixer.tools.check import compare, random_call
+from lamixer.tools.explain import plan_json
 
 HEAD = """mixer m
 dims K, V
@@ -94,3 +95,12 @@ def test_the_kernels_quotient_and_its_gradients(decay):
 
     for got, want in zip(run(eps), run(None)):
         assert ((got - want).norm() / want.norm()).item() < 1e-12
+
+
+def test_explain_shows_the_fold_by_the_spec_s_names():
+    c = lamixer.load("lln").compiled
+    plan = plan_json(c)
+    assert plan["scans"][0]["divide"] == 1e-5
+    assert plan["block_attention"] == [{"line": 22, "residual": "o_lln", "weight": 0.5}]  # the read took the division's name
+    stages = "\n".join(c.plan.stages(c.graph, c.classification))
+    assert "S's read divided by (z's read + 1e-05)" in stages and "plus o_lln, times 0.5" in stages

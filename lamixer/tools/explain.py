@@ -180,9 +180,15 @@ def plan_json(c: Compiled) -> dict:
             "substeps": [step.as_dict() for step in g.substeps], "read_steps": list(g.read_steps),
             "strengths": [expr(c.graph, n) for n in g.strengths],
         })  # fmt: skip
-    attention = [{"line": d["loc"].line, "residual": expr(c.graph, d["args"][4]) if len(d["args"]) > 4 else None, "weight": d.get("weight", 1.0)}
+    # a residual by the name the plan gives it (a folded division's read takes the division's name: passes/normalised.py)
+    attention = [{"line": d["loc"].line, "residual": _named(c, d["args"][4]) if len(d["args"]) > 4 else None, "weight": d.get("weight", 1.0)}
                  for n in c.plan.order if (d := nodes[n])["op"] == "block_attention"]  # fmt: skip
     return {"spec": c.name, "title": c.graph.title, "scans": scans, "block_attention": attention}
+
+
+def _named(c: Compiled, n: int) -> str:
+    """Plan node n by its `let` name in the plan's node table, else as spec-like text."""
+    return c.plan.nodes[n].get("let") or expr(c.graph, n)
 
 
 def draw(c: Compiled, path: str) -> None:
