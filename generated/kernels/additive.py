@@ -89,7 +89,8 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     ht = torch.empty(N, H, K, V, dtype=h0.dtype, device=b.device)
     hs = torch.empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay), device=b.device)
     A = torch.empty(B, T, H, c.BT if decay in STRIP_DECAYS else 0, dtype=h0.dtype, device=b.device)
-    oz = torch.empty(B, T, H, dtype=b.dtype, device=b.device) if ones else b.new_empty(0)
+    # oz in the accumulator's dtype where o is divided by it: only the backward reads it then, as the forward's divisor
+    oz = torch.empty(B, T, H, dtype=h0.dtype if divide is not None else b.dtype, device=b.device) if ones else b.new_empty(0)
     zt = torch.empty(N, H, K, dtype=h0.dtype, device=b.device) if ones else h0.new_empty(0)
     zs = torch.empty(NC, H, K, dtype=h0.dtype, device=b.device) if ones else h0.new_empty(0)
     z = (z0, zs, zt) if ones else ()
@@ -137,7 +138,8 @@ def _(q, qs, a, b, g, h0, cu_seqlens, decay, read, cfg, z0=None, divide=None):
     NC = B * cdiv(T, BT) if cu_seqlens is None else torch.library.get_ctx().new_dynamic_size()
     ones = z0 is not None
     return (b.new_empty(B, T, H, V, dtype=h0.dtype if decay == "value" else b.dtype), h0.new_empty(N, H, K, V),
-            b.new_empty(B, T, H) if ones else b.new_empty(0), h0.new_empty(N, H, K) if ones else h0.new_empty(0),
+            b.new_empty(B, T, H, dtype=h0.dtype if divide is not None else b.dtype) if ones else b.new_empty(0),
+            h0.new_empty(N, H, K) if ones else h0.new_empty(0),
             a.new_empty(NC, H, K, V, dtype=_snapshot_dtype(a, h0.dtype, decay)),
             h0.new_empty(B, T, H, BT if decay in STRIP_DECAYS else 0), h0.new_empty(NC, H, K) if ones else h0.new_empty(0))  # fmt: skip
 
