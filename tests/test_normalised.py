@@ -115,3 +115,11 @@ def test_half_precision_inputs(spec):
     c = compare(m, "triton", tensors, tuple(s.float() for s in states), seed=5)
     bad = {k: f"{v:.2e}" for k, v in c.errors.items() if not v < 3e-3}
     assert not bad, bad
+
+
+def test_the_read_takes_the_division_s_name_and_drops_its_own():
+    """Folded, S's read holds the quotient: a name the spec gave the read alone names it no longer."""
+    for body, name in (("let num = q @ S\nout o = num / (q @ z + 1)", None), ("let o_n = (q @ S) / (q @ z + 1)\nout o = o_n * 2", "o_n")):
+        c = lamixer.loads(HEAD + body + "\n").compiled
+        (read,) = c.classification.scan("S").reads
+        assert c.plan.groups[0].divide == 1.0 and c.plan.nodes[read.node].get("let") == name

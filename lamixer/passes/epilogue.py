@@ -23,7 +23,7 @@ def fold_epilogues(plan: Order) -> None:
         s = _fold_residual(plan, n, readers)
         if s is not None:
             f = _fold_weight(plan, n, s, readers)
-            _take_place(plan, n, [s] if f is None else [s, f])
+            plan.fold(n, [s] if f is None else [s, f])
 
 
 def _fold_residual(plan: Order, n: int, readers: dict[int, list[int]]) -> int | None:
@@ -58,20 +58,3 @@ def _fold_weight(plan: Order, n: int, s: int, readers: dict[int, list[int]]) -> 
     value = float(nodes[c]["value"])
     nodes[n] = {**nodes[n], "weight": value if d["fn"] == "mul" else 1.0 / value}
     return f
-
-
-def _take_place(plan: Order, n: int, folded: list[int]) -> None:
-    """Attention n moved to the last folded node's place in the order, the folded nodes dropped, their reader reading n."""
-    end = folded[-1]
-    # the attention's own name no longer names its value; the last folded node's does
-    attention = {k: v for k, v in plan.nodes[n].items() if k != "let"}
-    if "let" in plan.nodes[end]:
-        attention["let"] = plan.nodes[end]["let"]
-    plan.nodes[n] = attention
-    plan.order = [n if m == end else m for m in plan.order if m != n and (m == end or m not in folded)]
-    for m in folded:
-        del plan.nodes[m]
-    for m, d in list(plan.nodes.items()):
-        args = d["args"]
-        if end in args:
-            plan.nodes[m] = {**plan.nodes[m], "args": tuple(n if a == end else a for a in args)}

@@ -8,8 +8,8 @@ reads' rows, stores the quotient itself; its backward turns the quotient's gradi
 The plan's node table (not the IR, which the interpreter evaluates as written) takes the fold: for a group of one
 matrix state S and its normaliser z, each read once, where S's read has one reader `r_S / d`, and d is z's read or
 `r_z + c` (either order, c a number) read by that division alone, the group's `divide` is c (0 for `r_S / r_z`), the
-division and the sum leave the node table, S's read takes the division's `let`, and what read the division reads S's
-read. Every scan implementation gives the quotient (runtime/scan.py: scan_group divides where the implementation
+division and the sum leave the node table, S's read takes the division's place and `let` (Order.fold), and what read
+the division reads S's read. Every scan implementation gives the quotient (runtime/scan.py: scan_group divides where the implementation
 does not carry the normaliser itself).
 """
 from __future__ import annotations
@@ -32,13 +32,13 @@ def fold_normalised_reads(plan: Order, cls: Classification) -> None:
             continue
         found = _division(plan.nodes, plan.readers(), reads[0].node, z_reads[0].node)
         if found is not None:
-            division, folded, eps = found
-            _drop(plan, reads[0].node, division, folded)
+            folded, eps = found
+            plan.fold(reads[0].node, folded)
             plan.groups[i] = dataclasses.replace(group, divide=eps)
 
 
-def _division(nodes: dict[int, dict], readers: dict[int, list[int]], r_s: int, r_z: int) -> tuple[int, list[int], float] | None:
-    """(the division node, the nodes it folds, eps) where r_s's one reader is r_s / (r_z [+ eps]), else None."""
+def _division(nodes: dict[int, dict], readers: dict[int, list[int]], r_s: int, r_z: int) -> tuple[list[int], float] | None:
+    """(the nodes folded, the division last, eps) where r_s's one reader is r_s / (r_z [+ eps]), else None."""
     if len(readers.get(r_s, [])) != 1:
         return None
     division = readers[r_s][0]
@@ -47,23 +47,11 @@ def _division(nodes: dict[int, dict], readers: dict[int, list[int]], r_s: int, r
         return None
     den = d["args"][1]
     if den == r_z:
-        return (division, [division], 0.0) if readers.get(r_z) == [division] else None
+        return ([division], 0.0) if readers.get(r_z) == [division] else None
     e = nodes[den]
     if e["op"] != "binary" or e["fn"] != "add" or r_z not in e["args"] or e["args"][0] == e["args"][1]:
         return None
     c = e["args"][1] if e["args"][0] == r_z else e["args"][0]
     if nodes[c]["op"] != "const" or nodes[c]["dims"] or readers.get(den) != [division] or readers.get(r_z) != [den]:
         return None
-    return division, [den, division], float(nodes[c]["value"])
-
-
-def _drop(plan: Order, r_s: int, division: int, folded: list[int]) -> None:
-    """The folded nodes out of the plan; r_s takes the division's name, and what read the division reads r_s."""
-    if "let" in plan.nodes[division]:
-        plan.nodes[r_s] = {**plan.nodes[r_s], "let": plan.nodes[division]["let"]}
-    plan.order = [m for m in plan.order if m not in folded]
-    for m in folded:
-        del plan.nodes[m]
-    for m, d in list(plan.nodes.items()):
-        if division in d["args"]:
-            plan.nodes[m] = {**d, "args": tuple(r_s if a == division else a for a in d["args"])}
+    return [den, division], float(nodes[c]["value"])

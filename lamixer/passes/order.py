@@ -24,6 +24,21 @@ class Order:
                 out.setdefault(a, []).append(m)
         return out
 
+    def fold(self, into: int, folded: list[int]) -> None:
+        """Nodes `folded` leave the plan, their work now node `into`'s (a kernel's fold): `into` takes the last one's
+        place in the order and its `let` (its own no longer names its value), and what read the last one reads it."""
+        end = folded[-1]
+        node = {k: v for k, v in self.nodes[into].items() if k != "let"}
+        if "let" in self.nodes[end]:
+            node["let"] = self.nodes[end]["let"]
+        self.nodes[into] = node
+        self.order = [into if m == end else m for m in self.order if m != into and (m == end or m not in folded)]
+        for m in folded:
+            del self.nodes[m]
+        for m, d in list(self.nodes.items()):
+            if end in d["args"]:
+                self.nodes[m] = {**d, "args": tuple(into if a == end else a for a in d["args"])}
+
     def stages(self, g: ir.Graph, cls: Classification) -> list[str]:
         """A readable listing of the plan, stage by stage (self: a KernelPlan, which knows the scan groups)."""
         lines, pending, listed = [], [], set()
@@ -38,8 +53,10 @@ class Order:
                 group = self.group(st)
                 listed.update(group.states)
                 fused = " (one scan, values side by side)" if len(group.states) > 1 else ""
-                matrix = next(m for m in group.states if m != group.normaliser)
-                divided = f", {matrix}'s read divided by ({group.normaliser}'s read + {group.divide:g})" if group.divide is not None else ""
+                divided = ""
+                if group.divide is not None:
+                    (matrix,) = (m for m in group.states if m != group.normaliser)
+                    divided = f", {matrix}'s read divided by ({group.normaliser}'s read + {group.divide:g})"
                 lines.append(f"scan {' + '.join(group.states)}{fused}: {cls.scan(st).describe()}, chunk {self.chunk[st]}{divided}")
             elif g.op(n) == "stat":
                 node = g.node(n)
