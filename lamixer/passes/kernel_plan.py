@@ -104,7 +104,8 @@ class ScanGroup:
     train: Kernels | None  # the chunk kernels (None: `missing` says why)
     decode: Kernels | None  # the recurrent kernel (None: a scan without reads)
     missing: tuple[str, ...]  # why no chunk template covers the group
-    # operands finished inside the kernels, by scan-operand node: the chunk kernels take plain inputs and a query's
+    # operands finished inside the kernels, by scan-operand node: the chunk kernels take plain inputs (values, decays,
+    # a delta rule's strengths, read as the caller gave them: no conversion pass each way) and a query's
     # per-head factor (they split each key row over programs), the delta rule's also a query's l2norm (delta.QUERY_NORM:
     # its reads are linear in each query row, scaled after the products) and an erase key's l2norm with its sign or
     # per-head factor (delta.KEY_NORM: its forward's first kernel finishes them for the others); the recurrent kernel,
@@ -346,7 +347,7 @@ class _Forms:
         out: dict[int, Form] = {}
         if not s.plain:  # no kernel runs it
             return out
-        for n in (s.write_value, s.log_decay):
+        for n in (s.write_value, s.log_decay, *_strengths(s, self.nodes)):
             if n is not None and self.plain_input(n):
                 out[n] = Form(self.plain_input(n))
         keys = ((s.write_key, False, False), (s.erase_key, False, True), *((r.query, True, False) for r in s.reads))

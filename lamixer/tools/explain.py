@@ -158,6 +158,7 @@ def _role(c: Compiled, group, n: int) -> str:
     roles = {s.write_key: "write key", s.erase_key: "erase key", s.log_decay: "log decay"}
     roles.update({c.classification.scan(st).write_value: f"value of {st}" for st in group.states})
     roles.update({r.query: "query" if len(s.reads) == 1 else f"query {i}" for i, r in enumerate(s.reads)})
+    roles.update({st: "strength" if len(group.strengths) == 1 else f"strength {i}" for i, st in enumerate(group.strengths)})
     return roles[n]
 
 
