@@ -7,6 +7,7 @@ import torch
 from conftest import EXAMPLE_SPECS as EXAMPLES
 
 import lamixer
+from lamixer.backends import evaluate
 from lamixer.backends import triton as triton_backend
 from lamixer.runtime import fuse
 from lamixer.tools.check import compare, forward_backward, random_call, rel_rms
@@ -276,6 +277,28 @@ def test_per_token_work_fused_by_torch_compile(monkeypatch):
     assert counters["stats"]["unique_graphs"] >= 4  # deltanet, deltanet at a new length, lln, rwkv7
 
 
+@pytest.mark.parametrize("name", ["rwkv6", "gsa", "mamba2"])
+def test_the_fused_graph_takes_the_call_constants_as_inputs(name, monkeypatch):
+    """A signature's call constants (here a read-out scale, the query's per-head factor) are made once, outside the
+    compiled graph, which takes them as inputs: made inside it, each was a small kernel every call
+    (bench/fused_sm90.py counts them)."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(fuse, "DEVICES", ("cpu",))
+    monkeypatch.setattr(fuse, "BACKEND", keep)
+    m = lamixer.loads(lamixer.api.shipped_source(name) + "\n# constants\n", name)  # compiled afresh: no fused function yet
+    tensors, states = random_call(m, T=80, H=2, dtype=torch.float32, seed=1)  # past the recurrent kernel's lengths
+    for _ in range(2):  # a signature's first call runs unfused
+        m(**tensors, initial_state=states, backend="triton")
+    assert graphs, f"{name}: no fused call"
+    made = [n.target for g in graphs for n in g.graph.nodes if n.op == "call_function" and n.target in (torch.full, torch.ones, torch.arange)]
+    assert not made, made
+
+
 @pytest.mark.parametrize("name", ["rwkv7", "gated_deltaproduct", "hgrn2"])
 def test_decoding_step_fused_by_torch_compile(name, monkeypatch):
     """A one-token step on the recurrent kernel with per-token work around it (sub-steps' operands, feature maps, a
@@ -513,8 +536,9 @@ def test_what_fuse_compiles_traces_to_one_graph(name):
     tensors, _ = random_call(m, B=1, T=70, H=2, size=16, dtype=torch.float32, initial_state=False, distinct=False)  # two chunks
     call = bind(m.compiled, (), {k: v.requires_grad_() for k, v in tensors.items()}, None, None, None)
     choices = triton_backend._choices(m.compiled, call, True, None)[:3]
+    constants = evaluate.call_constants(m.compiled, call, choices[2])
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(lambda c: triton_backend._evaluate(c, m.compiled, *choices))(dataclasses.replace(call, memo=None))
+    explained = torch._dynamo.explain(lambda c: triton_backend._evaluate(c, m.compiled, *choices, constants))(dataclasses.replace(call, memo=None))
     assert explained.graph_count == 1, [str(b.reason)[:300] for b in explained.break_reasons]
 
 

@@ -269,9 +269,9 @@ class _Evaluator:
             values[("factor", n)] = self._factor(values[f] if f is not None else None, self.direct[n].negate)
         return values if call.memo is None else remember(call.memo, key, values)
 
-    def run(self) -> None:
+    def run(self, constants: dict | None = None) -> None:
         nodes, plan = self.nodes, self.c.plan
-        consts = self.constants() if self.prog.constants or self.prog.constant_factors else {}
+        consts = constants if constants is not None else self.constants() if self.prog.constants or self.prog.constant_factors else {}
         self.consts = consts
         releases = self.prog.releases
         for i, (n, kind) in enumerate(self.prog.steps):
@@ -446,10 +446,21 @@ class _Evaluator:
 
 
 def run(compiled: Compiled, call: Call, scan_impl=torch_scan, direct=None, prog: _Program | None = None,
-        attention=None) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+        attention=None, constants: dict | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
     """o [B, T, H, V] and the final states [N, H, *dims], in the compute dtype (prog: program(compiled, direct), when
-    the caller keeps it; scan_impl: as _Evaluator.scan takes it; attention: block attention's kernel, None for SDPA)."""
+    the caller keeps it; scan_impl: as _Evaluator.scan takes it; attention: block attention's kernel, None for SDPA;
+    constants: call_constants' for this call, when the caller made them)."""
     ev = _Evaluator(compiled, call, scan_impl, direct, prog, attention)
-    ev.run()
+    ev.run(constants)
     finals = [ev.finals[n] for n in compiled.graph.states]
     return ev.env[compiled.graph.output], finals + ev.extras() if call.output_stats or call.output_window else finals
+
+
+def call_constants(compiled: Compiled, call: Call, prog: _Program) -> dict:
+    """The call's constants (the plan's nodes made of constants, dims, the head index and the scale alone, and the
+    direct operands' per-head factors made of them), once per signature and scale (Call.memo). A caller compiling
+    the evaluation passes them in: made inside a compiled graph they are small kernels every call."""
+    if not (prog.constants or prog.constant_factors):
+        return {}
+    return _Evaluator(compiled, call, None, prog.direct, prog).constants()
+

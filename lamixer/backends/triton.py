@@ -116,13 +116,16 @@ def run(compiled: Compiled, call: Call, configs: dict[str, Config] | None = None
     # step's time); the autotuner times kernels unfused, and a context-parallel call's collectives stay outside a
     # compiled graph
     fused = (chunked or call.longest == 1) and not configs and prog.per_token_work and call.context_parallel is None
-    return fuse.run(_evaluate, compiled.name, call, compiled, scans, direct, prog, when=fused, version=(choose.generation(), in_place))
+    constants = evaluate.call_constants(compiled, call, prog)
+    return fuse.run(_evaluate, compiled.name, call, compiled, scans, direct, prog, constants, when=fused,
+                    version=(choose.generation(), in_place))  # fmt: skip
 
 
-def _evaluate(call: Call, compiled: Compiled, scans, direct, prog) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _evaluate(call: Call, compiled: Compiled, scans, direct, prog, constants: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The evaluation fuse.run compiles, o already in the caller's dtype: the cast then fuses into the last per-token
-    kernel, where after it is a pass of its own each way."""
-    o, finals = evaluate.run(compiled, call, scans, direct, prog, attention=block_attention)
+    kernel, where after it is a pass of its own each way. constants: the call's, made outside the compiled graph
+    (its inputs then, not kernels)."""
+    o, finals = evaluate.run(compiled, call, scans, direct, prog, attention=block_attention, constants=constants)
     return o.to(call.out_dtype), finals
 
 
