@@ -144,10 +144,8 @@ def stat(fn: str, x: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor:
     axes (which read x at a tenth of its bandwidth: lln's max per batch and head, 346 us for 134 MB
     on the H200). Without a group by head, each value's entries are contiguous (the whole input, or
     a batch row's): one reduction, a Welford one for var and std (inductor's split reduction: two
-    kernels, where the two stages below take seven). Grouped by head, in two stages: each token's
-    feature dims (contiguous), then its [B, T, H] partials. Their variances combine exactly (Chan
-    et al.): the sum of the tokens' squared deviations plus each token's count times its mean's
-    squared deviation from the overall mean.
+    kernels). Grouped by head, in two stages: each token's feature dims (contiguous), then its
+    [B, T, H] partials, combined exactly (three kernels for var and std).
     """
     B, T, H = x.shape[:3]
     x = x.detach().reshape(B, T, H, -1)
@@ -161,12 +159,15 @@ def stat(fn: str, x: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor:
         part = x.amax(-1) if fn == "max" else x.amin(-1)
         return (part.amax(axes) if fn == "max" else part.amin(axes)).reshape(shape)
     mean = x.mean(-1, dtype=wide)  # [B, T, H]
-    overall = mean.mean(axes, keepdim=True)
     if fn == "mean":
-        return overall.reshape(shape).to(x.dtype)
-    count = n * (mean.numel() // overall.numel())
-    squares = (x - mean.unsqueeze(-1)).square().sum(-1, dtype=wide)  # [B, T, H]: each token's squared deviations
-    var = (squares.sum(axes) + n * (mean - overall).square().sum(axes)) / (count - 1)
+        return mean.mean(axes).reshape(shape).to(x.dtype)
+    # each token's n entries stand as two points, mean -+ sqrt(squared deviations / n): the same mean and squared
+    # deviations, so one Welford reduction over the pairs has the group's (where separate sums of the tokens' squares
+    # and of their means' deviations took three reductions, each split in two kernels)
+    half = ((x - mean.unsqueeze(-1)).square().sum(-1, dtype=wide) / n).sqrt()
+    spread, _ = torch.var_mean(torch.stack([mean - half, mean + half], -1), axes + (3,), correction=0)
+    count = n * mean.numel() // spread.numel()
+    var = spread * count / (count - 1)
     return (var.sqrt() if fn == "std" else var).reshape(shape).to(x.dtype)
 
 
