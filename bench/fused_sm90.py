@@ -1,13 +1,14 @@
 """The per-token work runtime/fuse.py compiles, as inductor writes it for an H200 (sm_90), on any machine: no GPU.
 
-    python bench/fused_sm90.py [--specs lln,gla] [--B 4 --T 4096 --H 16 --D 128] [--code DIR]
+    python bench/fused_sm90.py [--specs lln,gla] [--B 4 --T 4096 --H 16 --D 128] [--code DIR] [--inductor KEY=VALUE ...]
 
 Per spec, the launches of the fused forward in order: inductor's kernels (its Triton code for CUDA) and the
 lamixer ops between them (each op launches its own kernels). On a GPU each launch costs host time (lln at T = 4096:
 inductor's wrapper 481 us around its kernels under the profiler, a Triton JIT launch 45 us; bench/results/NOTES.md),
 which a forward of short kernels waits for, so the count is what this reports. A spec that does not fuse (no
 per-token work around its scans) runs its ops eagerly, a launch each: those are listed as inductor would compile
-them. --code: keep inductor's whole module (the kernels' source) per spec in DIR. Inference only: a training step's
+them. --code: keep inductor's whole module (the kernels' source) per spec in DIR. --inductor: set one of inductor's
+options (torch._inductor.config, the value as JSON: `--inductor combo_kernels=true`) for the run. Inference only: a training step's
 graphs (AOT autograd's partition) need autograd metadata that asks a CUDA runtime for its device guard.
 
 How: the spec is called twice with fake CUDA tensors, initial states given so that they are inputs as in a real
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -191,8 +193,12 @@ def main() -> None:
     p.add_argument("--H", type=int, default=16)
     p.add_argument("--D", type=int, default=128)
     p.add_argument("--code", type=Path, help="keep each spec's inductor module in this folder")
+    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE", help="an inductor option, the value as JSON")
     args = p.parse_args()
     pretend_h200()
+    for option in args.inductor:
+        key, _, value = option.partition("=")
+        setattr(inductor_config, key, json.loads(value))
     for name in args.specs.split(","):
         code = wrapper_code(name, args.B, args.T, args.H, args.D)
         if args.code:
