@@ -36,3 +36,34 @@ def test_a_spread_far_smaller_than_the_mean_keeps_float32_accuracy(groups):
     got = ops.stat("std", x.float(), groups).double()
     want = expected("std", x, groups)
     assert ((got - want).abs() / want).max() < 1e-3
+
+
+SPREAD = """mixer spread "a read scaled by the spread of a per-token gate, per sequence and head"
+dims K, V
+input q[K], k[K], v[V], s[]
+state S[K, V]
+stat sd = std(s) per batch, head
+S = S + outer(k, v)
+out o = (q @ S) * sd
+"""
+
+
+@pytest.mark.parametrize("backend", ["interpret", "torch", "triton"])
+@pytest.mark.parametrize("T,cu", [(1, None), (6, [0, 1, 6])])
+def test_a_spread_of_a_single_value_is_an_error_naming_the_statistic(backend, T, cu):
+    """A std per batch and head of a per-token scalar, on a one-token call or a packed one-token sequence: 0 / 0,
+    which was a NaN output without a word."""
+    import lamixer
+    from lamixer.runtime.errors import ArgumentError
+    from lamixer.tools.check import random_call
+
+    m = lamixer.loads(SPREAD, "spread")
+    tensors, _ = random_call(m, B=1, T=T, H=2, size=4, cu_seqlens=cu, initial_state=False)
+    cu_seqlens = None if cu is None else torch.tensor(cu)
+    with pytest.raises(ArgumentError, match=r"statistic 'sd', a std per batch, head, has a single value"):
+        m(**tensors, cu_seqlens=cu_seqlens, backend=backend)
+    o, _ = m(**tensors, cu_seqlens=cu_seqlens, backend=backend, stats={"sd": torch.ones(2, dtype=torch.float64)})
+    assert torch.isfinite(o).all()  # its value given, the call runs
+    longer, _ = random_call(m, B=1, T=T + 1, H=2, size=4, cu_seqlens=None if cu is None else [0, 2, 7], initial_state=False)
+    o, _ = m(**longer, cu_seqlens=None if cu is None else torch.tensor([0, 2, 7]), backend=backend)
+    assert torch.isfinite(o).all()

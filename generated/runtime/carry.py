@@ -18,6 +18,7 @@ block attention, in the graph's order; a Call holds what was given, checked (`at
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -125,11 +126,30 @@ def _check_window(sig, call, window) -> Window:
 
 
 # ---- statistics ----
+def check_spread(call, name: str, fn: str, x: torch.Tensor, groups: tuple[str, ...]) -> None:
+    """A var or std made from the call needs two values in each group (one value's is 0 / 0, NaN): an ArgumentError
+    naming the statistic where a group of this call holds one. x: its argument, [B, T, H, *dims]."""
+    if fn not in ("var", "std"):
+        return
+    width = math.prod(x.shape[3:]) * (1 if "head" in groups else x.shape[2])  # each token's values in a group
+    if width > 1:
+        return
+    if "batch" not in groups:
+        tokens = x.shape[0] * x.shape[1]
+    else:  # each sequence's own (a packed batch's lengths read on the host, as binding read its offsets)
+        tokens = x.shape[1] if call.cu_seqlens is None else int(_lengths(call).min())
+    if tokens * width < 2:
+        where = f"per {', '.join(groups)}" if groups else "over the whole input"
+        raise ArgumentError("stats", f"statistic {name!r}, a {fn} {where}, has a single value to reduce in this call (a {fn} "
+                                     f"needs two): give its value (stats={{{name!r}: ...}}), or call with more tokens")  # fmt: skip
+
+
 def statistic(call, name: str, fn: str, x: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor:
     """A statistic over [B, T, H, *dims] tensors, as the torch backend holds it ([B|1, 1, H|1]; per batch with packed
     sequences [1, T, H|1], each token its own sequence's): the call's given value, else the whole input's."""
     given = None if call.stats is None else call.stats.get(name)
     if given is None:
+        check_spread(call, name, fn, x, groups)
         return stat(fn, x, groups, call.cu_seqlens)
     H = call.heads if "head" in groups else 1
     if given.dim() == (1 if "head" in groups else 0):  # one value for every sequence

@@ -179,6 +179,7 @@ def _statistics(compiled: Compiled, call: Call, order: list[int], segs) -> dict[
         ev = _Token(compiled, call, stats)
         shape = (call.batch, call.heads, *[call.sizes[d] for d in g.dims_of(arg)])
         vals = torch.stack([ev.run(sub, t, [t] * call.batch, {})[arg].expand(shape) for t in range(call.length)], 1)
+        carry.check_spread(call, g.node(s)["name"], fn, vals, groups)
         if packed and "batch" in groups:  # a packed batch: each sequence is a batch row
             stats[s] = torch.cat([ops.stat(fn, vals[:, a:e], groups) for _, a, e in segs], 0)
         else:
