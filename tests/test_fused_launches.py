@@ -22,7 +22,9 @@ def test_the_fused_forwards_launch_what_their_work_needs():
     combined in a second stage), three for the max per batch and head with its feature map, one for the other feature
     map; the chunk scan and block attention. deltanet (no per-token work: it runs unfused, each op a launch): its
     operands go to its kernels as the caller gave them, the strength included (a conversion each way before), so
-    nothing but its op."""
-    found = launches("lln,deltanet")
+    nothing but its op. rwkv7 (two writes a token): its per-key log decay, at one sub-step, goes to the kernels as the
+    caller gave it (a float32 copy before); five kernels make its l2norm, the sub-steps' operands and the bonus."""
+    found = launches("lln,deltanet,rwkv7")
     assert found["lln"] == (9, 2), found
     assert found["deltanet"] == (0, 1), found
+    assert found["rwkv7"] == (5, 1), found

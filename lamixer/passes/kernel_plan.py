@@ -345,7 +345,11 @@ class _Forms:
     def of(self, s: Scan, finished: bool) -> dict[int, Form]:
         """The operands of scan s the kernels read from the caller's tensors; finished: the recurrent kernel's forms."""
         out: dict[int, Form] = {}
-        if not s.plain:  # no kernel runs it
+        if not s.plain:  # its writes run as sub-tokens (runtime/substeps.py), assembled in torch from the operands
+            # but a log decay at one sub-step alone, which goes a row per token as it is: a plain input's as given
+            decaying = [w.log_decay for w in s.writes if w.log_decay is not None]
+            if len(s.writes) > 1 and len(decaying) == 1 and self.plain_input(decaying[0]):
+                out[decaying[0]] = Form(self.plain_input(decaying[0]))
             return out
         for n in (s.write_value, s.log_decay, *_strengths(s, self.nodes)):
             if n is not None and self.plain_input(n):

@@ -155,7 +155,8 @@ def _kernels(c: Compiled) -> list[str]:
 def _role(c: Compiled, group, n: int) -> str:
     """What scan operand node n is to its group: the name `explain --json` lists a finished operand under."""
     s = c.classification.scan(group.states[0])
-    roles = {s.write_key: "write key", s.erase_key: "erase key", s.log_decay: "log decay"}
+    roles = {s.write_key: "write key", s.erase_key: "erase key"}
+    roles.update({w.log_decay: "log decay" for w in s.writes if w.log_decay is not None})
     roles.update({c.classification.scan(st).write_value: f"value of {st}" for st in group.states})
     roles.update({r.query: "query" if len(s.reads) == 1 else f"query {i}" for i, r in enumerate(s.reads)})
     roles.update({st: "strength" if len(group.strengths) == 1 else f"strength {i}" for i, st in enumerate(group.strengths)})
