@@ -162,8 +162,8 @@ def stat(fn: str, x: torch.Tensor, groups: tuple[str, ...]) -> torch.Tensor:
     if fn == "mean":
         return mean.mean(axes).reshape(shape).to(x.dtype)
     # each token's n entries stand as two points, mean -+ sqrt(squared deviations / n): the same mean and squared
-    # deviations, so one Welford reduction over the pairs has the group's (where separate sums of the tokens' squares
-    # and of their means' deviations took three reductions, each split in two kernels)
+    # deviations, so one Welford reduction over the pairs has the group's, where the tokens' squares and their means'
+    # deviations would be reductions of their own
     half = ((x - mean.unsqueeze(-1)).square().sum(-1, dtype=wide) / n).sqrt()
     spread, _ = torch.var_mean(torch.stack([mean - half, mean + half], -1), axes + (3,), correction=0)
     count = n * mean.numel() // spread.numel()
