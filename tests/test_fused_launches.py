@@ -22,9 +22,12 @@ def test_the_fused_forwards_launch_what_their_work_needs():
     combined in a second stage), three for the max per batch and head with its feature map, one for the other feature
     map; the chunk scan and block attention. deltanet (no per-token work: it runs unfused, each op a launch): its
     operands go to its kernels as the caller gave them, the strength included (a conversion each way before), so
-    nothing but its op. rwkv7 (two writes a token): its per-key log decay, at one sub-step, goes to the kernels as the
-    caller gave it (a float32 copy before); five kernels make its l2norm, the sub-steps' operands and the bonus."""
-    found = launches("lln,deltanet,rwkv7")
+    nothing but its op. rwkv7 and gated_deltaproduct (two writes a token): the sub-steps' operands assembled in torch,
+    but a per-key log decay at one sub-step goes to the kernels as the caller gave it (rwkv7's was a float32 copy) and
+    the kernels finish a query's scale and l2norm (each was a pass of its own); rwkv7's four kernels make its removal
+    key's l2norm, the sub-steps' operands and the bonus, gated_deltaproduct's five its keys' l2norms and its operands."""
+    found = launches("lln,deltanet,rwkv7,gated_deltaproduct")
     assert found["lln"] == (9, 2), found
     assert found["deltanet"] == (0, 1), found
-    assert found["rwkv7"] == (5, 1), found
+    assert found["rwkv7"] == (4, 1), found
+    assert found["gated_deltaproduct"] == (5, 1), found

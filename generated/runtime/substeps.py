@@ -44,13 +44,15 @@ def _interleave(xs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, reads: list, h0: torch.Tensor,
-                 cu_seqlens: torch.Tensor | None, chunk: int, strengths: list | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:  # fmt: skip
+                 cu_seqlens: torch.Tensor | None, chunk: int, strengths: list | None = None, query_factors: list | None = None,
+                 forms: dict | None = None) -> tuple[list[torch.Tensor], torch.Tensor]:  # fmt: skip
     """One state's scan whose token update is the sub-steps `writes`, each (key [.., K] or None for a unit key,
     value [.., V] or None for zero, erase [.., K] or None, log decay [.., 1 | K | V] or None, whether the erase reads
     the state before that decay), operands with three leading axes that broadcast to shape (B, T, H); decay the kind
     over all sub-steps (the kernel plan's); reads [(query [.., K] or None for a unit query, sub-step, position)];
     h0 [N, H, K, V]; strengths: per write its strength s (a scalar with three leading axes) where its key is -s times its
-    erase (the keys are then None: ScanOperands.strength). `scan` runs the ScanOperands (torch_scan). Returns ([o per
+    erase (the keys are then None: ScanOperands.strength); query_factors, forms: the queries' per-head factors and
+    KeyForms ("q0", ..) that `scan` finishes (ScanOperands'). `scan` runs the ScanOperands (torch_scan). Returns ([o per
     read, [B, T, H, V]], the final state)."""
     B, T, H = shape
     K, V = h0.shape[2], h0.shape[3]
@@ -77,8 +79,8 @@ def substep_scan(scan, shape: tuple[int, int, int], writes: list, decay: str, re
         before = marks.reshape(1, 1, n, 1, 1).expand(B, T, n, H, 1).reshape(B, T * n, H, 1)
     queries = [(_full(one if q is None else q, shape, K, h0), position) for q, _, position in reads]  # a row per token
     cu = None if cu_seqlens is None else cu_seqlens * n
-    ops = ScanOperands(a, b, c, g, decay, queries, [None] * len(reads), h0, cu, chunk, c_before=before, sub_steps=n,
-                       read_steps=tuple(step for _, step, _ in reads), reads_per_token=True, strength=strength,
-                       decay_step=decay_step)  # fmt: skip
+    ops = ScanOperands(a, b, c, g, decay, queries, query_factors or [None] * len(reads), h0, cu, chunk, c_before=before, sub_steps=n,
+                       read_steps=tuple(step for _, step, _ in reads), reads_per_token=True, strength=strength, decay_step=decay_step,
+                       forms=forms or {})  # fmt: skip
     outs, final = scan(ops)
     return [o.reshape(B, T, n, H, V)[:, :, step] for o, (_, step, _) in zip(outs, reads)], final

@@ -437,8 +437,12 @@ class _Evaluator:
         writes = [(None if strengths else operand(w.key), one if one is not None else operand(w.value), operand(w.erase), operand(w.log_decay),
                    w.erase_before_decay) for w in s.writes]  # fmt: skip
         reads = [(operand(r.query), r.step, r.position) for r in s.reads]
+        # direct queries' factors and norms, which the kernels finish (the other operands are assembled in torch); no
+        # assignment expression in the comprehension: dynamo's trace split there into three graphs
+        forms = {f"q{i}": KeyForm(True) for i, r in enumerate(s.reads) if r.query in self.direct and self.direct[r.query].norm}
         outs, final = substep_scan(impl, (self.B, self.T, call.heads), writes, group.decay.kind, reads, h0, call.cu_seqlens, group.chunk,
-                                   [operand(n) for n in strengths] if strengths else None)  # fmt: skip
+                                   [operand(n) for n in strengths] if strengths else None, [self.factor(r.query) for r in s.reads],
+                                   forms)  # fmt: skip
         axis = -1 if s.value_dim is None else -2 if s.key_dim is None else None
         for r, o in zip(s.reads, outs):
             self.env[r.node] = o.squeeze(-1) if s.value_dim is None else o

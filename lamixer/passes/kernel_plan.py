@@ -350,6 +350,12 @@ class _Forms:
             decaying = [w.log_decay for w in s.writes if w.log_decay is not None]
             if len(s.writes) > 1 and len(decaying) == 1 and self.plain_input(decaying[0]):
                 out[decaying[0]] = Form(self.plain_input(decaying[0]))
+            # and the queries, a row per token too: where the kernels finish a query's l2norm (the delta rule's), its
+            # forms as a plain scan's
+            for r in s.reads if self.query_norm else ():
+                found = self.key_side(r.query, True, finished)
+                if found is not None:
+                    out[r.query] = found
             return out
         for n in (s.write_value, s.log_decay, *_strengths(s, self.nodes)):
             if n is not None and self.plain_input(n):
