@@ -5,11 +5,13 @@
 Per spec, the launches of the fused forward in order: inductor's kernels (its Triton code for CUDA) and the
 lamixer ops between them (each op launches its own kernels). On a GPU each launch costs host time (lln at T = 4096:
 inductor's wrapper 481 us around its kernels under the profiler, a Triton JIT launch 45 us; bench/results/NOTES.md),
-which a forward of short kernels waits for, so the count is what this reports. A spec that does not fuse (no
+which a forward of short kernels waits for, so the count is what this reports. `--T 1` shows a decoding step (the
+recurrent kernel's op, which fuse.run compiles with the work around it as on a GPU). A spec that does not fuse (no
 per-token work around its scans) runs its ops eagerly, a launch each: those are listed as inductor would compile
 them. --code: keep inductor's whole module (the kernels' source) per spec in DIR. --inductor: set one of inductor's
-options (torch._inductor.config, the value as JSON: `--inductor combo_kernels=true`) for the run. Inference only: a training step's
-graphs (AOT autograd's partition) need autograd metadata that asks a CUDA runtime for its device guard.
+options (torch._inductor.config, the value as JSON: `--inductor combo_kernels=true`) for the run. Inference only:
+a training step's graphs (AOT autograd's partition) need autograd metadata that asks a CUDA runtime for its device
+guard.
 
 How: the spec is called twice with fake CUDA tensors, initial states given so that they are inputs as in a real
 call. The first call makes what a signature keeps (its kernel choices, its call constants); the second is traced
@@ -49,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sm90 import H200  # noqa: E402
 
 import lamixer  # noqa: E402
-from lamixer.kernels import additive, block_attention, delta  # noqa: E402
+from lamixer.kernels import additive, block_attention, delta, recurrent  # noqa: E402
 from lamixer.runtime import fuse  # noqa: E402
 from lamixer.tools.check import random_call  # noqa: E402
 
@@ -114,6 +116,7 @@ def wrapper_code(name: str, B: int, T: int, H: int, D: int) -> str:
     # A first call makes what a call's signature keeps (Call.memo: the kernel choices, the call constants), as a real
     # first call does unfused; the traced call then finds them, and evaluates what fuse.run compiles as it does
     patches = [*(_patched(module, "run_scan_op", _through_op) for module in (additive, delta, block_attention)), _patched(fuse, "run", _fused),
+               _patched(recurrent, "launch", lambda *args, in_place=False, **flags: recurrent.recurrent_scan(*args, **flags)),
                _patched(torch.Tensor, "contiguous", _contiguous), _patched(torch.Tensor, "__getitem__", _getitem(torch.Tensor.__getitem__)),
                _patched(torch.Tensor, "__invert__", lambda x: torch.bitwise_not(x)), fake]  # fmt: skip
     with contextlib.ExitStack() as stack:
