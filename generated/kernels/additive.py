@@ -32,6 +32,10 @@ FLOAT32_DOTS = "bf16x3"
 
 STRIP = 16  # rows per strip of chunk_additive's scores under a decay along the key (or value) dim
 
+# the dense output kernel's loop over the key dim: blocks of 64 keys at three stages, the fastest of 32 and 64 at two to
+# four on the H200 (whole 128-key rows, no loop, were 10 % slower: bench/results/NOTES.md, 2026-12-05)
+OUTPUT_KEYS, OUTPUT_STAGES = 64, 3
+
 
 def _strip_args(common: dict, acc: torch.dtype, **changes) -> dict:
     """strips_bwd's shape arguments: `common` with `changes`, its float32 dots at FLOAT32_DOTS instead of PRECISION."""
@@ -118,9 +122,11 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
             getattr(mod, f"{mod.NAME}_scores_fwd")[(1, NC, H)](
                 q, qs, a, g, Bc, A, cu_seqlens, indices, T, BC=STRIP, SPAN=diagonal_span(a.dtype), USE_QS=qs is not None,
                 num_warps=8, num_stages=1, **common)  # fmt: skip
+        # the dense output kernel loops over key blocks of OUTPUT_KEYS at OUTPUT_STAGES, whatever the gradient kernel's stages
+        dense = dict(KL=min(OUTPUT_KEYS, pow2(K)), num_stages=OUTPUT_STAGES) if decay not in STRIP_DECAYS else dict(num_stages=c.num_stages)
         getattr(mod, f"{mod.NAME}_output_fwd")[(cdiv(V, c.BV), NC, H)](
             q, qs, a, b, g, Bc, A, hs, o, *((zs, oz, divide or 0.0) if ones else ()), cu_seqlens, indices, T, BV=c.BV,
-            USE_QS=qs is not None, num_warps=c.num_warps, num_stages=c.num_stages, **common, **divided)  # fmt: skip
+            USE_QS=qs is not None, num_warps=c.num_warps, **dense, **common, **divided)  # fmt: skip
     if ones and N * H and NC * H == 0:  # no chunks (T = 0): z passes through
         zt.copy_(z0)
     return o, ht, oz, zt, hs, A, zs

@@ -89,10 +89,10 @@ def chunk_additive_constant_after_float32_state_fwd(
 @triton.jit(do_not_specialize=["T"])
 def chunk_additive_constant_after_float32_output_fwd(
     q, qs, a, b, g, Bc, A, hs, o, cu_seqlens, chunk_indices, T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KL: tl.constexpr,
     USE_QS: tl.constexpr, IS_VARLEN: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """o = (q exp(E)) h + A b per chunk; one program per (value block, chunk, head)."""
+    """o = (q exp(E)) h + A b per chunk; one program per (value block, chunk, head), the key dim in blocks of KL."""
     i_v = tl.program_id(0)
     i_c, i_h = tl.program_id(1), tl.program_id(2)
     if IS_VARLEN:
@@ -109,21 +109,28 @@ def chunk_additive_constant_after_float32_output_fwd(
     row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
     m_t = i_t * BT + o_t < L
     p_state = (i_c.to(tl.int64) * H + i_h) * K * V  # this chunk's [K, V] entry of hs and dhs
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
+    m_v = o_v < V
     b_c = tl.maximum(tl.load(g + i_n * H + i_h).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # this sequence's log decay per token, this head
     b_E = (o_t + 1).to(tl.float32) * b_c  # [BT]
-    b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [BK, BV]
-    # o is linear in q, so the decay's row scales and the query's factor weigh the products' rows in the accumulator,
-    # and both dots read q as loaded: a scaled copy of the [BT, BK] tile would take its own registers
-    b_o = tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PRECISION) * tl.exp(b_E)[:, None]  # [BT, BV]
+    # q h and q a^T summed over key blocks in a loop, whose loads Triton overlaps with the block before's dots (whole
+    # key rows, loaded at once, overlapped nothing); o is linear in q, so the decay's row scales and the pair weights
+    # weigh the sums, and the query's factor the output
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    b_A = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, tl.cdiv(K, KL)):
+        o_k = i_k * KL + tl.arange(0, KL)
+        m_k = o_k < K
+        b_q = tl.load(q + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, KL]
+        b_h = tl.load(hs + p_state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)  # [KL, BV]
+        b_o += tl.dot(b_q, b_h.to(b_q.dtype), input_precision=PRECISION)
+        b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, KL]
+        b_A += tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION)
+    b_o = b_o * tl.exp(b_E)[:, None]  # [BT, BV]
     m_ij = o_t[:, None] >= o_t[None, :]
     b_W = tl.exp(tl.where(m_ij, (o_t[:, None] - o_t[None, :]).to(tl.float32) * b_c, float("-inf")))  # [BT, BT]
-    b_a = tl.load(a + row0 * K + (o_t[:, None] * (H * K) + o_k[None, :]), mask=m_t[:, None] & m_k[None, :], other=0.)  # [BT, BK]
     # the read mask selected (weigh_pairs' masked form inside), not weighed by 0 (causal.jinja)
-    b_A = tl.where(m_ij, tl.dot(b_q, tl.trans(b_a), input_precision=PRECISION) * b_W, 0.)  # [BT, BT]
+    b_A = tl.where(m_ij, b_A * b_W, 0.)  # [BT, BT]
     b_b = tl.load(b + row0 * V + (o_t[:, None] * (H * V) + o_v[None, :]), mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
     bad = tl.max(tl.max(tl.where(tl.abs(tl.dot(tl.full([16, BT], 1, tl.float32).to(b_b.dtype), b_b, input_precision="tf32")) < float("inf"), 0, 1), axis=1), axis=0) > 0
     first = tl.full([BV], BT, dtype=tl.int32)
