@@ -10,8 +10,9 @@ from .launch import pow2
 class Config:
     """A launch configuration. chunk_additive (the additive rule) uses BT, BV (value block of the chunk-parallel
     kernels), BW and BK (value block and key rows of a program of the two sequential state walks: BK < K splits
-    the key dim over programs), num_warps (of the chunk-parallel kernels), num_stages, and BG / warps_grad for its
-    gradient kernel (0: BV / num_warps); scan_delta (the delta rule) the same but for BK, the key block of its
+    the key dim over programs), num_warps (of the chunk-parallel kernels), num_stages (theirs but the dense output
+    kernel's, whose key loop runs at its own: additive.OUTPUT_STAGES), and BG / warps_grad for its gradient kernel
+    (0: BV / num_warps); scan_delta (the delta rule) the same but for BK, the key block of its
     per-chunk kernels (its two sequential passes hold whole key rows)."""
 
     BT: int  # chunk length
