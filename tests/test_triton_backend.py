@@ -190,6 +190,26 @@ def test_value_dim_decay_with_early_reads(read):
         _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=2), f"value decay, read {read}")
 
 
+SCALAR_DECAY_READS = {
+    "before": "out o = q @ S\nS = exp(g) * S + outer(k, v)\n",
+    "mid": "S = exp(g) * S\nout o = q @ S\nS = S + outer(k, v)\n",
+    "after": "S = exp(g) * S + outer(k, v)\nout o = q @ S\n",
+}
+
+
+@pytest.mark.parametrize("read", sorted(SCALAR_DECAY_READS))
+def test_scalar_decay_at_every_read_position(read):
+    """A scalar decay's walks read its within-chunk sums (chunk_sums): the forward walk a token's reach as the next
+    row's, the reverse walk E as the row's own, or the row before's for a read before the decay. Exact at each read
+    position, strong gates, odd ends and packed sequences included."""
+    m = lamixer.loads(f"mixer sd_{read}\ndims K, V\ninput q[K], k[K], v[V], g[] in (-inf, 0)\nstate S[K, V]\n" + SCALAR_DECAY_READS[read])
+    scan = m.compiled.classification.scans[0]
+    assert scan.decay == "scalar" and (scan.reads[0].decayed, scan.reads[0].written) == {"before": (False, False), "mid": (True, False), "after": (True, True)}[read]
+    for T, cu, gate in [(70, None, "strong"), (None, [0, 5, 70, 133], "weak"), (37, None, "normal")]:
+        tensors, states = random_call(m, T=T or 1, H=2, cu_seqlens=cu, seed=3, gate=gate)
+        _assert_close(compare(m, "triton", tensors, states, cu_seqlens=cu, seed=3), f"scalar decay, read {read}, {gate}")
+
+
 @pytest.mark.parametrize("name", ["gla", "rwkv6", "simple_gla"])
 def test_float32_strong_gates_stay_finite(name):
     """In float32 exp overflows past 88: every exponent in the kernels must be <= 0 or masked before exp,
