@@ -199,9 +199,9 @@ SCALAR_DECAY_READS = {
 
 @pytest.mark.parametrize("read", sorted(SCALAR_DECAY_READS))
 def test_scalar_decay_at_every_read_position(read):
-    """A scalar decay's walks read its within-chunk sums (chunk_sums): the forward walk a token's reach as the next
-    row's, the reverse walk E as the row's own, or the row before's for a read before the decay. Exact at each read
-    position, strong gates, odd ends and packed sequences included."""
+    """A scalar decay's walks weigh each token by its reach: the forward walk to the chunk's end, the reverse walk
+    from the chunk's start, which for a read before the decay stops a row short. Exact at each read position, strong
+    gates, odd ends and packed sequences included."""
     m = lamixer.loads(f"mixer sd_{read}\ndims K, V\ninput q[K], k[K], v[V], g[] in (-inf, 0)\nstate S[K, V]\n" + SCALAR_DECAY_READS[read])
     scan = m.compiled.classification.scans[0]
     assert scan.decay == "scalar" and (scan.reads[0].decayed, scan.reads[0].written) == {"before": (False, False), "mid": (True, False), "after": (True, True)}[read]

@@ -5,33 +5,6 @@ import triton.language as tl
 
 # whether the walks load per-token log decays (launch.state_stages: the forward walk's pipeline stages)
 WALK_TOKEN_DECAY = True
-# whether the walks read the log decays summed within each chunk (chunk_sums) in place of the log decays
-WALK_SUMS = True
-
-
-@triton.jit(do_not_specialize=["T"])
-def chunk_additive_scalar_after_float32_chunk_sums(
-    g, gs, cu_seqlens, chunk_indices, T,
-    H: tl.constexpr, BT: tl.constexpr, REVERSE: tl.constexpr, IS_VARLEN: tl.constexpr,
-):
-    """gs_t = a scalar decay's log decays summed within t's chunk, from t to the chunk's end (REVERSE: what the forward
-    walk reads) or from the chunk's start to t (the reverse walk's), in the accumulator's type (hook.walk_sums)."""
-    i_c, i_h = tl.program_id(1), tl.program_id(2)
-    if IS_VARLEN:
-        i_n = tl.load(chunk_indices + i_c * 2).to(tl.int64)
-        i_t = tl.load(chunk_indices + i_c * 2 + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-        L = tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos
-    else:
-        i_n, i_t = i_c // tl.cdiv(T, BT), i_c % tl.cdiv(T, BT)
-        bos = i_n.to(tl.int64) * T
-        L = T
-    o_t = tl.arange(0, BT)
-    t = bos + i_t * BT + o_t  # [BT] this chunk's rows (int64)
-    row0 = (bos + i_t * BT) * H + i_h  # the chunk's first row of this head (int64); the head's rows are H apart
-    m_t = i_t * BT + o_t < L
-    b_g = tl.maximum(tl.load(g + t * H + i_h, mask=m_t, other=0.).to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
-    tl.store(gs + t * H + i_h, tl.cumsum(b_g, axis=0, reverse=REVERSE), mask=m_t)
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -76,16 +49,18 @@ def chunk_additive_scalar_after_float32_state_fwd(
         b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if KB > 3 * BK:
         b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    b_Xn = tl.load(g + (bos + 1 + o_t) * H + i_h, mask=(o_t + 1 < BT) & (o_t + 1 < L), other=0.)
-    b_lastn = tl.load(g + (bos) * H + i_h, mask=0 < L, other=0.)
+    b_gn = tl.load(g + (bos + o_t) * H + i_h, mask=o_t < L, other=0.)
     for i_t in range(0, tl.cdiv(L, BT)):
         r = tl.cast(i_t * BT, tl.int64) * H
         m_t = i_t * BT + o_t < L
         p_hs = hs + ((boc + i_t) * H + i_h) * K * V
         b_b = tl.load(b + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_R, b_last = b_Xn, b_lastn
-        b_Xn = tl.load(g + (bos + (i_t + 1) * BT + 1 + o_t) * H + i_h, mask=(o_t + 1 < BT) & ((i_t + 1) * BT + o_t + 1 < L), other=0.)
-        b_lastn = tl.load(g + (bos + (i_t + 1) * BT) * H + i_h, mask=(i_t + 1) * BT < L, other=0.)
+        b_g = b_gn
+        b_gn = tl.load(g + (bos + (i_t + 1) * BT + o_t) * H + i_h, mask=(i_t + 1) * BT + o_t < L, other=0.)
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
+        b_B = tl.cumsum(b_g, axis=0)
+        b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
+        b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # [BT] from each token to the chunk's end (0 at its last)
         b_b = (b_b * tl.exp(b_R)[:, None]).to(b_b.dtype)
         tl.store(p_hs + s_kv, b_h0.to(hs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_aT = tl.trans(tl.load(a + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]
@@ -215,17 +190,20 @@ def chunk_additive_scalar_after_float32_state_bwd(
     if KB > 3 * BK:
         b_h3 = tl.load(p_dht + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     NT = tl.cdiv(L, BT)
-    b_Xn = tl.load(g + (bos + (NT - 1) * BT + o_t) * H + i_h, mask=((NT - 1) * BT >= 0) & ((NT - 1) * BT + o_t < L), other=0.)
-    b_lastn = tl.load(g + (bos + (NT - 1) * BT + tl.minimum(L - (NT - 1) * BT, BT) - 1) * H + i_h, mask=(NT - 1) * BT >= 0, other=0.)
+    b_gn = tl.load(g + (bos + (NT - 1) * BT + o_t) * H + i_h, mask=(NT - 1) * BT + o_t < L, other=0.)
     for i_r in range(0, NT):
         i_t = NT - 1 - i_r
         r = tl.cast(i_t * BT, tl.int64) * H
         m_t = i_t * BT + o_t < L
         p_dhs = dhs + ((boc + i_t) * H + i_h) * K * V
         b_do = tl.load(do + r * V + s_tv, mask=m_t[:, None] & m_v[None, :], other=0.)  # [BT, BV]
-        b_E, b_last = b_Xn, b_lastn
-        b_Xn = tl.load(g + (bos + (i_t - 1) * BT + o_t) * H + i_h, mask=((i_t - 1) * BT >= 0) & ((i_t - 1) * BT + o_t < L), other=0.)
-        b_lastn = tl.load(g + (bos + (i_t - 1) * BT + tl.minimum(L - (i_t - 1) * BT, BT) - 1) * H + i_h, mask=(i_t - 1) * BT >= 0, other=0.)
+        b_g = b_gn
+        b_gn = tl.load(g + (bos + (i_t - 1) * BT + o_t) * H + i_h, mask=(i_t - 1) * BT + o_t >= 0, other=0.)
+        b_g = tl.maximum(b_g.to(tl.float32), -87.3365447505531, propagate_nan=tl.PropagateNan.ALL)  # [BT]
+        b_B = tl.cumsum(b_g, axis=0)
+        b_E = b_B
+        b_last = tl.sum(b_g, axis=0)  # the chunk's whole log decay (padded rows add 0)
+        b_R = tl.cumsum(b_g, axis=0, reverse=True) - b_g  # [BT] from each token to the chunk's end (0 at its last)
         b_do = (b_do * tl.exp(b_E)[:, None]).to(b_do.dtype)
         tl.store(p_dhs + s_kv, b_h0.to(dhs.dtype.element_ty), mask=(o_k < K)[:, None] & m_v[None, :])
         b_qT = tl.trans(tl.load(q + r * K + s_tk, mask=m_t[:, None] & (o_k < K)[None, :], other=0.))  # [BK, BT]

@@ -5,8 +5,6 @@ import triton.language as tl
 
 # whether the walks load per-token log decays (launch.state_stages: the forward walk's pipeline stages)
 WALK_TOKEN_DECAY = True
-# whether the walks read the log decays summed within each chunk (chunk_sums) in place of the log decays
-WALK_SUMS = False
 
 
 @triton.jit(do_not_specialize=["T"])

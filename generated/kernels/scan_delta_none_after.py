@@ -361,7 +361,7 @@ def scan_delta_none_after_float32_state_kernel(
         b_h2 = tl.load(p_h0 + 2 * BK * V + s_kv, mask=(o_k < K - 2 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
     if K > 3 * BK:
         b_h3 = tl.load(p_h0 + 3 * BK * V + s_kv, mask=(o_k < K - 3 * BK)[:, None] & m_v[None, :], other=0.).to(tl.float32)
-    # the strengths s one chunk ahead, as the additive walks' scalar decay terms (decay/scalar.jinja): the loop
+    # the strengths s one chunk ahead, as a scalar decay's log decays (state_blocks.jinja's decay_ahead): the loop
     # carries the loaded values themselves, used an iteration on, so that no chunk waits on the load
     if STRENGTH:
         b_sn = tl.load(a + o_t * H, mask=o_t < L, other=0.)  # [BT]

@@ -380,7 +380,7 @@ def scan_delta_scalar_after_float32_state_kernel(
     o_f = tl.cast(0, tl.int64) * BT + o_t  # (one type before the loop and in it)
     b_Rn = tl.load(gt + ((bos + o_f) * H + i_h) * 3, mask=(L > 0) & (o_f < L), other=0.)  # [BT]
     b_lastn = tl.load(gl + (c0 + (0)) * H + i_h, mask=L > 0, other=0.)
-    # the strengths s one chunk ahead, as the additive walks' scalar decay terms (decay/scalar.jinja): the loop
+    # the strengths s one chunk ahead, as a scalar decay's log decays (state_blocks.jinja's decay_ahead): the loop
     # carries the loaded values themselves, used an iteration on, so that no chunk waits on the load
     if STRENGTH:
         b_sn = tl.load(a + o_t * H, mask=o_t < L, other=0.)  # [BT]

@@ -48,8 +48,6 @@ def kernel_names(decay: str) -> list[str]:
         return ["state_fwd", "cumsum_fwd", "scores_fwd", "output_fwd", "state_bwd", "grads_bwd", "strips_bwd", "decay_bwd"]
     if decay == "value":
         return ["state_fwd", "output_fwd", "cumsum_fwd", "strips_bwd", "state_bwd", "scores_fwd", "grads_bwd", "decay_bwd"]
-    if decay == "scalar":
-        return ["chunk_sums", "state_fwd", "output_fwd", "state_bwd", "grads_bwd"]
     return ["state_fwd", "output_fwd", "state_bwd", "grads_bwd"]
 
 
@@ -60,17 +58,6 @@ def _chunk_cumsum(mod, g: torch.Tensor, cu_seqlens, indices, NC: int, BT: int) -
     getattr(mod, f"{mod.NAME}_cumsum_fwd")[(1, NC, H)](
         g, Bc, cu_seqlens, indices, T, H=H, K=K, V=1, BT=BT, BK=pow2(K), IS_VARLEN=cu_seqlens is not None, num_warps=4)
     return Bc
-
-
-def _chunk_sums(mod, g: torch.Tensor, acc: torch.dtype, cu_seqlens, indices, NC: int, BT: int, reverse: bool) -> torch.Tensor:
-    """A scalar decay as a walk reads it (the template's chunk_sums): the log decays summed within each chunk [B, T, H],
-    from each token to the chunk's end (reverse: the forward walk's) or from the chunk's start to it, in `acc`."""
-    B, T, H = g.shape
-    gs = torch.empty(B, T, H, dtype=acc, device=g.device)
-    if NC * H:
-        getattr(mod, f"{mod.NAME}_chunk_sums")[(1, NC, H)](g, gs, cu_seqlens, indices, T, H=H, BT=BT, REVERSE=reverse,
-                                                         IS_VARLEN=cu_seqlens is not None, num_warps=1)  # fmt: skip
-    return gs
 
 
 def _snapshot_dtype(x: torch.Tensor, acc: torch.dtype, decay: str = "none") -> torch.dtype:
@@ -116,9 +103,8 @@ def _chunk_forward(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tensor, b:
     divided = dict(DIVIDE=divide is not None) if ones else {}
     if N * H:
         BW, BK, KB = walk_blocks(c, K, V, N * H, b.device)
-        walk_g = _chunk_sums(mod, g, h0.dtype, cu_seqlens, indices, NC, c.BT, reverse=True) if mod.WALK_SUMS else g
         getattr(mod, f"{mod.NAME}_state_fwd")[(cdiv(V, BW), N * H, cdiv(K, KB))](
-            a, b, walk_g, h0, hs, ht, *z, cu_seqlens, offsets, T, BV=BW, KB=KB, STORE_HT=True, num_warps=4,
+            a, b, g, h0, hs, ht, *z, cu_seqlens, offsets, T, BV=BW, KB=KB, STORE_HT=True, num_warps=4,
             num_stages=state_stages(a.dtype, K, token_decay=mod.WALK_TOKEN_DECAY), **dict(common, BK=BK), **precise,
         )  # fmt: skip
     if NC * H and per_value:  # the output through the entering states, then the chunk's writes (the template's header)
@@ -196,9 +182,8 @@ def _chunk_backward_impl(q: torch.Tensor, qs: torch.Tensor | None, a: torch.Tens
     precise = dict(ACC_PRECISION=acc_precision(acc, FLOAT32_DOTS)) if decay == "value" else {}  # float32 states' dots
     if N * H:
         BW, BK, KB = walk_blocks(c, K, V, N * H, q.device)
-        walk_g = _chunk_sums(mod, g, acc, cu_seqlens, indices, NC, c.BT, reverse=False) if mod.WALK_SUMS else g
         getattr(mod, f"{mod.NAME}_state_bwd")[(cdiv(V, BW), N * H, cdiv(K, KB))](
-            q, qs, walk_g, do, dht, dhs, dh0, *((doz, dzt, dzs, dz0) if ones else ()), cu_seqlens, offsets, T, BV=BW, KB=KB, num_warps=4,
+            q, qs, g, do, dht, dhs, dh0, *((doz, dzt, dzs, dz0) if ones else ()), cu_seqlens, offsets, T, BV=BW, KB=KB, num_warps=4,
             num_stages=state_stages(q.dtype, K, token_decay=mod.WALK_TOKEN_DECAY), **dict(common, BK=BK), **precise,
         )  # fmt: skip
     if NC * H == 0:
